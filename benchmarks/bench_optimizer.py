@@ -1,0 +1,96 @@
+"""Speed of the elastic optimizer on cluster-sized inputs, against its goal of 100 ms.
+
+Two deterministic random workloads: 1,000 jobs on 4,096 GPUs and 100 jobs on 512 GPUs, with
+a mix of running and queued jobs, GPU gangs, batch ranges and gradient statistics. Each is
+solved repeatedly; the median and 95th percentile wall time are printed beside the goal.
+
+Run: ``python benchmarks/bench_optimizer.py``.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+from ffdl.elastic.efficiency import GradientStats
+from ffdl.elastic.optimizer import ElasticJob, optimize
+from ffdl.elastic.throughput import ThroughputModel
+
+GOAL_MS = 100.0
+WORKLOADS = ((1000, 4096), (100, 512))
+REPEATS = 21
+
+
+def make_jobs(count: int, total_gpus: int, seed: int = 7) -> list[ElasticJob]:
+    """A reproducible mix of jobs whose running allocations fit in ``total_gpus``."""
+    rng = random.Random(seed)
+    jobs = []
+    used = 0
+    for index in range(count):
+        gang = rng.choice((1, 1, 1, 2, 4))
+        low = gang * rng.choice((1, 1, 2))
+        high = low * rng.choice((1, 2, 4, 8, 16))
+        base = rng.choice((32, 64, 128, 256))
+        batch_range = None if rng.random() < 0.3 else (base // 2, base * rng.choice((2, 4, 8)))
+        model = ThroughputModel(
+            alpha=rng.uniform(0.002, 0.02),
+            beta=rng.uniform(0.0002, 0.005),
+            gamma=rng.uniform(0.005, 0.05),
+            delta=rng.uniform(0.005, 0.05),
+        )
+        stats = None
+        if rng.random() < 0.5:
+            stats = GradientStats(sq_norm=1.0, variance=rng.uniform(50.0, 5000.0))
+        current = 0
+        if rng.random() < 0.6 and used + low <= total_gpus:
+            current = low * rng.choice((1, 1, 2))
+            current = min(current, high // gang * gang)
+            used += current
+        jobs.append(
+            ElasticJob(
+                id=f"training-{index:05d}",
+                priority=rng.randrange(0, 101),
+                gpu_range=(low, high),
+                batch_range=batch_range,
+                base_batch=base,
+                gpus_per_learner=gang,
+                model=model,
+                grad_stats=stats,
+                current_gpus=current,
+                current_batch=base if current else None,
+                waited_s=0.0 if current else rng.uniform(0.0, 1200.0),
+            )
+        )
+    return jobs
+
+
+def time_workload(count: int, total_gpus: int, repeats: int = REPEATS) -> tuple[float, float]:
+    """Median and 95th percentile milliseconds of ``optimize`` on one workload."""
+    jobs = make_jobs(count, total_gpus)
+    optimize(jobs, total_gpus)  # warm caches and numpy before timing
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        optimize(jobs, total_gpus)
+        samples.append((time.perf_counter() - start) * 1000.0)
+    samples.sort()
+    p95 = samples[min(len(samples) - 1, round(0.95 * (len(samples) - 1)))]
+    return statistics.median(samples), p95
+
+
+def main() -> dict[str, float]:
+    results: dict[str, float] = {}
+    print(f"{'workload':<22}{'median ms':>12}{'p95 ms':>10}{'goal ms':>10}{'goal/median':>13}")
+    for count, total_gpus in WORKLOADS:
+        median, p95 = time_workload(count, total_gpus)
+        name = f"{count}_jobs_{total_gpus}_gpus"
+        results[f"{name}_median_ms"] = median
+        results[f"{name}_p95_ms"] = p95
+        label = f"{count} jobs x {total_gpus} GPUs"
+        print(f"{label:<22}{median:>12.1f}{p95:>10.1f}{GOAL_MS:>10.0f}{GOAL_MS / median:>12.1f}x")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""ffdl: the Fabric for Deep Learning."""

@@ -1,0 +1,184 @@
+"""The local backend: every learner is a controller process on this host.
+
+Controllers start in their own session so they outlive a restart of the server; the
+user's command runs in the controller's process group, so killing that group takes the
+whole learner down. Nodes are the real host (GPUs from ``nvidia-smi``, or CPU slots when
+there are none) or the virtual nodes declared in the settings, whose learners still run
+here but are accounted to their node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from ffdl.backends.base import Handle, LaunchRequest, LearnerState, PollResult
+from ffdl.backends.gpus import detect_gpus
+from ffdl.core.resources import Node
+from ffdl.core.units import parse_size_mb
+from ffdl.learner.spec import dump_spec
+from ffdl.server.settings import Settings
+
+CONTROLLER_MODULE = "ffdl.learner.controller"
+
+
+def _host_memory_mb() -> int:
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES")
+        page_size = os.sysconf("SC_PAGE_SIZE")
+        return int(pages * page_size / (1024 * 1024))
+    except (ValueError, OSError):
+        return 8 * 1024
+
+
+def _proc_alive(pid: int, marker: str) -> bool:
+    """True if ``pid`` runs and is our controller (guards against pid reuse and zombies)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X") and marker in cmdline
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._nodes = self._discover_nodes()
+        # Controllers this process started; waited on so they never linger as zombies.
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def _discover_nodes(self) -> list[Node]:
+        if self._settings.nodes:
+            return [
+                Node(
+                    name=n.name,
+                    gpus=n.gpus,
+                    cpus=n.cpus,
+                    memory_mb=parse_size_mb(n.memory, f"nodes.{n.name}.memory"),
+                    gpu_type=n.gpu_type,
+                    labels=dict(n.labels),
+                )
+                for n in self._settings.nodes
+            ]
+        cores = os.cpu_count() or 1
+        gpus = detect_gpus()
+        if gpus:
+            count, gpu_type = len(gpus), gpus[0].name
+        else:
+            count, gpu_type = self._settings.cpu_slots or cores, "cpu"
+        return [
+            Node(
+                name="local",
+                gpus=count,
+                cpus=float(cores),
+                memory_mb=_host_memory_mb(),
+                gpu_type=gpu_type,
+                labels={"host": os.uname().nodename},
+            )
+        ]
+
+    def nodes(self) -> list[Node]:
+        return list(self._nodes)
+
+    def launch(self, request: LaunchRequest) -> Handle:
+        spec = request.spec
+        state_dir = Path(spec.state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        spec_path = state_dir / "spec.json"
+        existing = self._running_handle(state_dir, spec_path)
+        if existing is not None:
+            return existing
+        dump_spec(spec, spec_path)
+        log = open(state_dir / "controller.log", "ab")  # noqa: SIM115 - owned by the child
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", CONTROLLER_MODULE, str(spec_path)],
+                cwd=state_dir,
+                env=self._controller_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        self._children[proc.pid] = proc
+        (state_dir / "launched.pid").write_text(str(proc.pid))
+        return {"pid": proc.pid, "state_dir": str(state_dir), "spec": str(spec_path)}
+
+    def _running_handle(self, state_dir: Path, spec_path: Path) -> Handle | None:
+        pid_file = state_dir / "launched.pid"
+        if not pid_file.exists():
+            return None
+        try:
+            pid = int(pid_file.read_text().strip())
+        except ValueError:
+            return None
+        if _proc_alive(pid, str(spec_path)) or (state_dir / "result.json").exists():
+            return {"pid": pid, "state_dir": str(state_dir), "spec": str(spec_path)}
+        return None
+
+    def _controller_env(self) -> dict[str, str]:
+        # Controllers get a minimal environment: nothing of the server's own configuration.
+        return {
+            "PATH": self._settings.learner_path,
+            "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+            "HOME": str(self._settings.home),
+        }
+
+    def _reap(self, pid: int) -> None:
+        child = self._children.get(pid)
+        if child is not None and child.poll() is not None:
+            del self._children[pid]
+
+    def signal_halt(self, handle: Handle) -> None:
+        pid = int(handle["pid"])
+        self._reap(pid)
+        if _proc_alive(pid, str(handle["spec"])):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    def kill(self, handle: Handle) -> None:
+        pid = int(handle["pid"])
+        self._reap(pid)
+        if _proc_alive(pid, str(handle["spec"])):
+            # The controller leads its own session and process group: kill the whole group.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        child = self._children.pop(pid, None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=5)
+
+    def poll(self, handle: Handle) -> PollResult:
+        pid = int(handle["pid"])
+        self._reap(pid)
+        if _proc_alive(pid, str(handle["spec"])):
+            return PollResult(LearnerState.RUNNING)
+        result_file = Path(str(handle["state_dir"])) / "result.json"
+        if result_file.exists():
+            try:
+                return PollResult(LearnerState.EXITED, json.loads(result_file.read_text()))
+            except (OSError, ValueError):
+                pass
+        return PollResult(LearnerState.MISSING)
+
+    def group_alive(self, handle: Handle) -> bool:
+        """Whether any process of this learner's process group is still alive."""
+        try:
+            os.killpg(int(handle["pid"]), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True

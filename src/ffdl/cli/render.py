@@ -1,0 +1,232 @@
+"""How the CLI shows things: rich tables, panels and the one-line texts of statuses and logs.
+
+Every function takes the API's JSON shapes and tolerates missing keys, so a server that sends
+less than the contract still renders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+_STATUS_STYLES = {
+    "QUEUED": "yellow",
+    "PENDING": "yellow",
+    "DOWNLOADING": "cyan",
+    "PROCESSING": "cyan",
+    "STORING": "cyan",
+    "RESCALING": "magenta",
+    "HALTING": "magenta",
+    "HALTED": "magenta",
+    "COMPLETED": "bold green",
+    "FAILED": "bold red",
+    "CANCELLED": "dim",
+}
+MAX_EVENTS_SHOWN = 10
+TIMES = "\N{MULTIPLICATION SIGN}"
+
+
+def _dig(data: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _text(value: Any, empty: str = "-") -> str:
+    return empty if value is None or value == "" else str(value)
+
+
+def status_style(status: str | None) -> str:
+    return _STATUS_STYLES.get(status or "", "")
+
+
+def status_cell(status: str | None) -> Text:
+    return Text(_text(status), style=status_style(status))
+
+
+def format_time(value: Any) -> str:
+    """An ISO 8601 stamp as ``YYYY-MM-DD HH:MM:SS`` in its own offset; ``-`` when absent."""
+    if not value:
+        return "-"
+    try:
+        stamp = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return str(value)
+    return stamp.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def error_text(code: str, message: str) -> Text:
+    return Text(f"Error ({code}): {message}", style="red")
+
+
+def models_table(models: Sequence[dict[str, Any]], total: int | None = None) -> Table:
+    table = Table(title=None if total is None else f"{len(models)} of {total} models")
+    table.add_column("ID", no_wrap=True)
+    table.add_column("Name")
+    table.add_column("Status", no_wrap=True)
+    table.add_column("Submitted", no_wrap=True)
+    table.add_column("Priority", justify="right")
+    table.add_column(f"Learners{TIMES}GPUs", justify="right", no_wrap=True)
+    for model in models:
+        training = model.get("training") or {}
+        status = _dig(training, "training_status", "status")
+        table.add_row(
+            _text(model.get("model_id")),
+            _text(model.get("name")),
+            status_cell(status),
+            format_time(_dig(training, "training_status", "submitted")),
+            _text(model.get("priority")),
+            f"{_text(training.get('learners'))}{TIMES}{_text(training.get('gpus'))}",
+        )
+    return table
+
+
+def _queue_text(queue: Any) -> str | None:
+    if not isinstance(queue, dict):
+        return None
+    parts = [f"position {_text(queue.get('position'))}"]
+    if queue.get("eta"):
+        parts.append(f"ETA {format_time(queue['eta'])}")
+    if queue.get("reason"):
+        parts.append(str(queue["reason"]))
+    return ", ".join(parts)
+
+
+def _placement_text(placement: Any) -> str | None:
+    if not isinstance(placement, list) or not placement:
+        return None
+    rows = []
+    for item in placement:
+        gpu_ids = item.get("gpu_ids") or []
+        gpus = f" GPUs {','.join(str(g) for g in gpu_ids)}" if gpu_ids else ""
+        rows.append(f"learner {_text(item.get('learner'))} → {_text(item.get('node'))}{gpus}")
+    return "\n".join(rows)
+
+
+def _learners_text(learners: Any) -> str | None:
+    if not isinstance(learners, list) or not learners:
+        return None
+    rows = []
+    for item in learners:
+        row = f"learner {_text(item.get('learner'))}: {_text(item.get('status'))}"
+        if item.get("exit_code") is not None:
+            row += f" (exit {item['exit_code']})"
+        if item.get("attempt"):
+            row += f", attempt {item['attempt']}"
+        rows.append(row)
+    return "\n".join(rows)
+
+
+def _events_table(events: Any) -> Table | None:
+    if not isinstance(events, list) or not events:
+        return None
+    shown = events[-MAX_EVENTS_SHOWN:]
+    title = "Events" if len(shown) == len(events) else f"Last {len(shown)} of {len(events)} events"
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for column in ("Time", "From", "To", "Reason", "Learner"):
+        table.add_column(column)
+    for event in shown:
+        table.add_row(
+            format_time(event.get("time")),
+            _text(event.get("from")),
+            status_cell(event.get("to")),
+            _text(event.get("reason")),
+            _text(event.get("learner")),
+        )
+    return table
+
+
+def model_panel(model: dict[str, Any]) -> Panel:
+    """Everything a user asks about one job: status, why, where it runs, where results go."""
+    training = model.get("training") or {}
+    status_info = training.get("training_status") or {}
+    status = status_info.get("status")
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column()
+
+    def fact(label: str, value: str | Text | None) -> None:
+        if value is not None and value != "":
+            facts.add_row(label, value)
+
+    fact("Name", _text(model.get("name")))
+    fact("Status", status_cell(status))
+    fact("Reason", status_info.get("status_description"))
+    if status_info.get("error_code") or status_info.get("exit_code") not in (None, 0):
+        fact(
+            "Error",
+            f"code {_text(status_info.get('error_code'))}, "
+            f"exit code {_text(status_info.get('exit_code'))}",
+        )
+    framework = model.get("framework") or {}
+    fact("Framework", f"{_text(framework.get('name'))} {_text(framework.get('version'), '')}")
+    fact(
+        "Resources",
+        f"{_text(training.get('learners'))} learner(s) {TIMES} {_text(training.get('gpus'))} GPU, "
+        f"{_text(training.get('cpus'))} CPU, "
+        f"{_text(training.get('memory'))} {_text(training.get('memory_unit'), 'MiB')}",
+    )
+    fact("Priority", _text(model.get("priority")))
+    fact("Owner", f"{_text(model.get('user'))} ({_text(model.get('tenant'))})")
+    fact("Submitted", format_time(status_info.get("submitted")))
+    fact("Started", format_time(status_info.get("started")))
+    fact("Completed", format_time(status_info.get("completed")))
+    fact("Queue", _queue_text(model.get("queue")))
+    fact("Placement", _placement_text(model.get("placement")))
+    fact("Learners", _learners_text(model.get("learners")))
+    results = model.get("results") or {}
+    fact("Results", _text(results.get("location"), "not stored yet"))
+    model_id = _text(model.get("model_id"))
+    fact("Download", f"ffdl download {model_id} --trained-model")
+    parts: list[RenderableType] = [facts]
+    events = _events_table(model.get("events"))
+    if events is not None:
+        parts.append(Text(""))
+        parts.append(events)
+    return Panel(Group(*parts), title=f"[bold]{model_id}[/bold]", title_align="left")
+
+
+def log_text(item: dict[str, Any]) -> Text:
+    """A log line as printed: the line itself, without markup interpretation."""
+    return Text(str(item.get("line", "")))
+
+
+def status_change_text(data: dict[str, Any]) -> Text:
+    status = _text(data.get("status"))
+    text = Text("── status ", style="dim")
+    text.append(status, style=status_style(status) or "bold")
+    if data.get("reason"):
+        text.append(f" ({data['reason']})", style="dim")
+    return text
+
+
+def demo_summary_panel(
+    *,
+    model_id: str,
+    status: str,
+    test_accuracy: str | None,
+    results_location: str | None,
+    download_hint: str,
+    dashboard_url: str,
+    docs_url: str,
+) -> Panel:
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column()
+    facts.add_row("Model ID", model_id)
+    facts.add_row("Final status", status_cell(status))
+    facts.add_row("Test accuracy", test_accuracy or "not reported")
+    facts.add_row("Trained model", results_location or "not stored")
+    facts.add_row("To download", download_hint)
+    facts.add_row("Dashboard", dashboard_url)
+    facts.add_row("API docs", docs_url)
+    style = "green" if status == "COMPLETED" else "red"
+    return Panel(facts, title="[bold]ffdl demo[/bold]", title_align="left", border_style=style)

@@ -1,0 +1,367 @@
+"""The typed HTTP client of the ffdl API: requests, error mapping, downloads and event streams.
+
+Every failure reaches the caller as ``ApiError``: the server's ``{"error", "code", "detail"}``
+bodies keep their code, and a server that cannot be reached becomes an ``ApiError`` that names
+its URL, so callers never have to handle ``httpx`` exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from ffdl.client.archive import model_definition_bytes
+from ffdl.core.errors import BadRequest, FfdlError
+
+UNREACHABLE = "UNREACHABLE"
+BAD_RESPONSE = "BAD_RESPONSE"
+
+
+class ApiError(FfdlError):
+    """An error reported by the server, or the failure to reach it (``status`` 0)."""
+
+    def __init__(self, status: int, code: str, message: str, detail: Any = None) -> None:
+        super().__init__(message, code=code, detail=detail)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class FollowEvent:
+    """One server-sent event of a job: ``log``, ``status``, ``emetric`` or ``end``."""
+
+    kind: str
+    data: dict[str, Any]
+
+
+def error_from_response(response: httpx.Response) -> ApiError:
+    """The ``ApiError`` for an error response whose body has been read."""
+    status = response.status_code
+    fallback_code = f"HTTP{status}"
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return ApiError(
+            status, str(body.get("code") or fallback_code), body["error"], body.get("detail")
+        )
+    if isinstance(body, dict) and "detail" in body:
+        # The web framework's own rejections (e.g. request validation) carry only ``detail``.
+        detail = body["detail"]
+        message = detail if isinstance(detail, str) else f"request rejected ({status})"
+        return ApiError(status, fallback_code, message, detail)
+    text = response.text.strip()
+    return ApiError(status, fallback_code, text[:300] or f"{status} {response.reason_phrase}")
+
+
+def iter_sse(lines: Iterable[str]) -> Iterator[tuple[str, str] | None]:
+    """Server-sent events as ``(event, data)``; ``None`` for each keep-alive comment line."""
+    kind = ""
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield (kind or "message", "\n".join(data))
+            kind = ""
+            data = []
+            continue
+        if line.startswith(":"):
+            yield None
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            kind = value
+        elif field == "data":
+            data.append(value)
+
+
+def _event_data(raw: str) -> dict[str, Any]:
+    try:
+        parsed: Any = json.loads(raw)
+    except ValueError:
+        return {"raw": raw}
+    return parsed if isinstance(parsed, dict) else {"value": parsed}
+
+
+def _log_rindex(data: dict[str, Any]) -> int | None:
+    meta = data.get("meta")
+    if not isinstance(meta, dict):
+        return None
+    try:
+        return int(meta["rindex"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class Client:
+    """A connection to one ffdl server, authenticated with a bearer token."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        headers = {"Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, transport=transport, timeout=timeout
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _transport_error(self, exc: httpx.TransportError) -> ApiError:
+        if isinstance(exc, httpx.ConnectError):
+            return ApiError(
+                0,
+                UNREACHABLE,
+                f"the ffdl server at {self.url} is unreachable ({exc}); "
+                "start one with `ffdl up` or check FFDL_URL",
+            )
+        if isinstance(exc, httpx.TimeoutException):
+            return ApiError(
+                0, UNREACHABLE, f"the ffdl server at {self.url} did not answer in {self.timeout} s"
+            )
+        return ApiError(
+            0, UNREACHABLE, f"connection to the ffdl server at {self.url} failed: {exc}"
+        )
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc) from exc
+        if response.is_error:
+            raise error_from_response(response)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        response = self._send(method, path, **kwargs)
+        try:
+            body: Any = response.json()
+        except ValueError as exc:
+            raise ApiError(
+                response.status_code, BAD_RESPONSE, f"{method} {path}: the server sent no JSON"
+            ) from exc
+        if not isinstance(body, dict):
+            raise ApiError(
+                response.status_code, BAD_RESPONSE, f"{method} {path}: expected a JSON object"
+            )
+        return body
+
+    @staticmethod
+    def _model_path(model_id: str, suffix: str = "") -> str:
+        return f"/v1/models/{quote(model_id, safe='')}{suffix}"
+
+    # -- API --------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return self._json("GET", "/health")
+
+    def submit(self, manifest: Path, code: Path) -> dict[str, Any]:
+        """Submit a training job: ``manifest`` (YAML) and ``code`` (a directory or a .zip)."""
+        try:
+            manifest_bytes = manifest.read_bytes()
+        except OSError as exc:
+            raise BadRequest(
+                f"cannot read manifest {manifest}: {exc.strerror or exc}", code="C101"
+            ) from exc
+        definition = model_definition_bytes(code)
+        files = {
+            "manifest": (manifest.name, manifest_bytes, "application/x-yaml"),
+            "model_definition": (f"{code.stem or 'model'}.zip", definition, "application/zip"),
+        }
+        return self._json("POST", "/v1/models", files=files)
+
+    def list_models(
+        self, status: str | None = None, limit: int = 100, offset: int = 0
+    ) -> dict[str, Any]:
+        params: dict[str, str | int] = {"limit": limit, "offset": offset}
+        if status:
+            params["status"] = status
+        return self._json("GET", "/v1/models", params=params)
+
+    def get_model(self, model_id: str) -> dict[str, Any]:
+        return self._json("GET", self._model_path(model_id))
+
+    def _patch(self, model_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._json("PATCH", self._model_path(model_id), json=body)
+
+    def halt(self, model_id: str) -> dict[str, Any]:
+        return self._patch(model_id, {"status": "halt"})
+
+    def resume(self, model_id: str) -> dict[str, Any]:
+        return self._patch(model_id, {"status": "resume"})
+
+    def set_priority(self, model_id: str, priority: int) -> dict[str, Any]:
+        return self._patch(model_id, {"priority": priority})
+
+    def scale(self, model_id: str, gpus: int) -> dict[str, Any]:
+        return self._patch(model_id, {"gpus": gpus})
+
+    def delete(self, model_id: str) -> dict[str, Any]:
+        return self._json("DELETE", self._model_path(model_id))
+
+    def download_definition(self, model_id: str, dest: Path) -> Path:
+        return self._download(self._model_path(model_id, "/definition"), dest)
+
+    def download_trained_model(self, model_id: str, dest: Path) -> Path:
+        return self._download(self._model_path(model_id, "/trained_model"), dest)
+
+    def _download(self, path: str, dest: Path) -> Path:
+        """Stream ``path`` into ``dest``; a failed download leaves no partial file behind."""
+        partial = dest.with_name(dest.name + ".part")
+        try:
+            with self._http.stream("GET", path, headers={"Accept": "*/*"}) as response:
+                if response.is_error:
+                    response.read()
+                    raise error_from_response(response)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with partial.open("wb") as out:
+                    for chunk in response.iter_bytes():
+                        out.write(chunk)
+        except httpx.TransportError as exc:
+            partial.unlink(missing_ok=True)
+            raise self._transport_error(exc) from exc
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        partial.replace(dest)
+        return dest
+
+    @staticmethod
+    def _log_params(
+        since_time: str | int | None, pagesize: int | None, pos: int | None
+    ) -> dict[str, str | int]:
+        params: dict[str, str | int] = {}
+        if since_time is not None:
+            params["since_time"] = since_time
+        if pagesize is not None:
+            params["pagesize"] = pagesize
+        if pos is not None:
+            params["pos"] = pos
+        return params
+
+    def loglines(
+        self,
+        model_id: str,
+        since_time: str | int | None = None,
+        pagesize: int | None = None,
+        pos: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Log lines of a job; ``pos`` < 0 counts from the end."""
+        path = f"/v1/logs/{quote(model_id, safe='')}/loglines"
+        body = self._json("GET", path, params=self._log_params(since_time, pagesize, pos))
+        lines = body.get("lines")
+        return lines if isinstance(lines, list) else []
+
+    def emetrics(
+        self,
+        model_id: str,
+        since_time: str | int | None = None,
+        pagesize: int | None = None,
+        pos: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Evaluation-metric records of a job; ``pos`` < 0 counts from the end."""
+        path = f"/v1/logs/{quote(model_id, safe='')}/emetrics"
+        body = self._json("GET", path, params=self._log_params(since_time, pagesize, pos))
+        records = body.get("records")
+        return records if isinstance(records, list) else []
+
+    def follow(
+        self,
+        model_id: str,
+        since_rindex: int = 0,
+        *,
+        reconnect_window: float = 60.0,
+        retry_delay: float = 0.5,
+        read_timeout: float = 60.0,
+        deadline: float | None = None,
+    ) -> Iterator[FollowEvent]:
+        """The job's events until its ``end`` event, reconnecting when the stream drops.
+
+        A reconnect asks for lines from the last ``rindex`` seen and drops lines already
+        delivered, so no line is lost or repeated whether the server's bound is inclusive or
+        not. Gives up with ``ApiError`` when no stream could be re-established (or no keep-alive
+        arrived) for ``reconnect_window`` seconds, or after ``deadline`` seconds in all.
+        """
+        path = self._model_path(model_id, "/events/stream")
+        timeout = httpx.Timeout(self.timeout, read=read_timeout)
+        started = time.monotonic()
+        give_up_at = started + reconnect_window
+        cursor = since_rindex
+        last_rindex: int | None = None
+        delay = retry_delay
+        problem = "the event stream ended before the job did"
+        while True:
+            try:
+                with self._http.stream(
+                    "GET",
+                    path,
+                    params={"since_rindex": cursor},
+                    headers={"Accept": "text/event-stream"},
+                    timeout=timeout,
+                ) as response:
+                    if response.is_error:
+                        response.read()
+                        raise error_from_response(response)
+                    for message in iter_sse(response.iter_lines()):
+                        give_up_at = time.monotonic() + reconnect_window
+                        delay = retry_delay
+                        self._check_deadline(model_id, started, deadline)
+                        if message is None:
+                            continue
+                        event = FollowEvent(message[0], _event_data(message[1]))
+                        if event.kind == "log":
+                            rindex = _log_rindex(event.data)
+                            if rindex is not None:
+                                if last_rindex is not None and rindex <= last_rindex:
+                                    continue
+                                last_rindex = cursor = rindex
+                        yield event
+                        if event.kind == "end":
+                            return
+                problem = "the event stream ended before the job did"
+            except httpx.TransportError as exc:
+                problem = str(exc) or type(exc).__name__
+            now = time.monotonic()
+            self._check_deadline(model_id, started, deadline)
+            if now >= give_up_at:
+                raise ApiError(
+                    0, UNREACHABLE, f"lost the event stream of {model_id} at {self.url}: {problem}"
+                )
+            time.sleep(min(delay, give_up_at - now))
+            delay = min(delay * 2, 5.0)
+
+    @staticmethod
+    def _check_deadline(model_id: str, started: float, deadline: float | None) -> None:
+        if deadline is not None and time.monotonic() - started >= deadline:
+            raise ApiError(0, "TIMEOUT", f"{model_id} did not end within {deadline:g} s")

@@ -1,0 +1,30 @@
+"""Client-side settings: the only place the client and the CLI read environment variables.
+
+``FFDL_HOME`` (platform home, default ``~/.ffdl``), ``FFDL_URL`` and ``FFDL_TOKEN`` (the
+server to talk to) and ``FFDL_CONFIG`` (path of a ``client.json``). Empty values count as unset.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    return Path.home() / ".ffdl"
+
+
+class ClientSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FFDL_", extra="ignore", env_ignore_empty=True)
+
+    home: Path = Field(default_factory=_default_home)
+    url: str | None = None
+    token: str | None = None
+    config: Path | None = None
+
+    @property
+    def client_file(self) -> Path:
+        """The ``client.json`` the server writes into its home on first start."""
+        return self.home.expanduser() / "client.json"

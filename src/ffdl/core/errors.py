@@ -1,0 +1,102 @@
+"""The exception hierarchy every layer of ffdl raises and the API turns into JSON.
+
+::
+
+    FfdlError                      code, http_status, message, detail
+    ├── BadRequest (400)
+    │   ├── ManifestError          C101 (C104 for resource specs): names the field
+    │   ├── ArchiveError           C102: the model definition archive is unusable
+    │   └── UnschedulableError     S100: the job can never fit on this cluster
+    ├── AuthError (401)            C103: missing or invalid credentials
+    ├── Forbidden (403)            the caller may not do this (e.g. not an admin)
+    ├── NotFound (404)             unknown id, or another tenant's object
+    ├── ConflictError (409)        the request contradicts the object's state
+    │   └── IllegalTransition      the status machine forbids this change
+    └── PayloadTooLarge (413)      an upload over the configured limits
+
+The API renders each as ``{"error": message, "code": code, "detail": detail}`` with its
+HTTP status; nothing else leaks to a client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FfdlError(Exception):
+    """Base of all errors ffdl reports to a user."""
+
+    http_status = 500
+    default_code = "E500"
+
+    def __init__(self, message: str, *, code: str | None = None, detail: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.detail = detail
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.message, "code": self.code, "detail": self.detail}
+
+
+class BadRequest(FfdlError):
+    http_status = 400
+    default_code = "C100"
+
+
+class ManifestError(BadRequest):
+    """An invalid manifest; ``field`` is the dotted path of the offending field."""
+
+    default_code = "C101"
+
+    def __init__(self, field: str, reason: str, *, code: str | None = None) -> None:
+        super().__init__(
+            f"invalid manifest: {field}: {reason}",
+            code=code,
+            detail={"field": field, "reason": reason},
+        )
+        self.field = field
+        self.reason = reason
+
+
+class ArchiveError(BadRequest):
+    default_code = "C102"
+
+
+class UnschedulableError(BadRequest):
+    default_code = "S100"
+
+
+class AuthError(FfdlError):
+    http_status = 401
+    default_code = "C103"
+
+
+class Forbidden(FfdlError):
+    http_status = 403
+    default_code = "C105"
+
+
+class NotFound(FfdlError):
+    http_status = 404
+    default_code = "C404"
+
+
+class ConflictError(FfdlError):
+    http_status = 409
+    default_code = "C409"
+
+
+class IllegalTransition(ConflictError):
+    def __init__(self, kind: str, current: str, target: str) -> None:
+        super().__init__(
+            f"{kind} cannot go from {current} to {target}",
+            detail={"from": current, "to": target},
+        )
+        self.current = current
+        self.target = target
+
+
+class PayloadTooLarge(FfdlError):
+    http_status = 413
+    default_code = "C413"

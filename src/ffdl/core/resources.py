@@ -1,0 +1,93 @@
+"""Resources, nodes and placements: the vocabulary shared by backends and the scheduler.
+
+Memory is always in MiB here; the manifest converts FfDL's units on the way in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    gpus: int = 0
+    cpus: float = 0.0
+    memory_mb: int = 0
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(
+            self.gpus + other.gpus, self.cpus + other.cpus, self.memory_mb + other.memory_mb
+        )
+
+    def __sub__(self, other: Resources) -> Resources:
+        return Resources(
+            self.gpus - other.gpus, self.cpus - other.cpus, self.memory_mb - other.memory_mb
+        )
+
+    def scaled(self, n: int) -> Resources:
+        return Resources(self.gpus * n, self.cpus * n, self.memory_mb * n)
+
+    def fits_in(self, capacity: Resources) -> bool:
+        return (
+            self.gpus <= capacity.gpus
+            and self.cpus <= capacity.cpus + 1e-9
+            and self.memory_mb <= capacity.memory_mb
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A machine (or a declared virtual node) with its capacity and labels."""
+
+    name: str
+    gpus: int
+    cpus: float
+    memory_mb: int
+    gpu_type: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    schedulable: bool = True
+
+    @property
+    def capacity(self) -> Resources:
+        return Resources(self.gpus, self.cpus, self.memory_mb)
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerPlacement:
+    """Where one learner runs: its node and the GPU ids it holds there."""
+
+    learner: int  # 1-based, as LEARNER_ID
+    node: str
+    gpu_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A whole gang's placement: one entry per learner."""
+
+    learners: tuple[LearnerPlacement, ...]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(sorted({lp.node for lp in self.learners}))
+
+    def to_json(self) -> list[dict[str, object]]:
+        return [
+            {"learner": lp.learner, "node": lp.node, "gpu_ids": list(lp.gpu_ids)}
+            for lp in self.learners
+        ]
+
+    @staticmethod
+    def from_json(data: list[dict[str, object]]) -> Placement:
+        out = []
+        for item in data:
+            gpu_ids = item.get("gpu_ids") or []
+            assert isinstance(gpu_ids, list)
+            out.append(
+                LearnerPlacement(
+                    learner=int(str(item["learner"])),
+                    node=str(item["node"]),
+                    gpu_ids=tuple(int(g) for g in gpu_ids),
+                )
+            )
+        return Placement(tuple(out))

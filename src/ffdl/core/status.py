@@ -1,0 +1,113 @@
+"""Job and learner statuses, the transitions between them, and FfDL's error codes.
+
+The transition tables here are the single definition of the status machine
+(DESIGN §6); ``server/store/transitions.py`` is the only writer and checks every change
+against them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from ffdl.core.errors import IllegalTransition
+
+
+class JobStatus(StrEnum):
+    QUEUED = "QUEUED"
+    PENDING = "PENDING"
+    DOWNLOADING = "DOWNLOADING"
+    PROCESSING = "PROCESSING"
+    STORING = "STORING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    HALTING = "HALTING"
+    HALTED = "HALTED"
+    RESCALING = "RESCALING"
+    CANCELLED = "CANCELLED"
+
+
+class LearnerStatus(StrEnum):
+    PENDING = "PENDING"
+    DOWNLOADING = "DOWNLOADING"
+    PROCESSING = "PROCESSING"
+    STORING = "STORING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    HALTED = "HALTED"
+    CANCELLED = "CANCELLED"
+
+
+class ErrorCode(StrEnum):
+    INSUFFICIENT_RESOURCES = "S100"
+    DEPLOY_FAILED = "S101"
+    LOAD_MODEL_FAILED = "S301"
+    LOAD_DATA_FAILED = "S302"
+    STORE_RESULTS_FAILED = "S303"
+    BAD_MANIFEST = "C101"
+    BAD_ARCHIVE = "C102"
+    BAD_CREDENTIALS = "C103"
+    BAD_RESOURCE_SPEC = "C104"
+    LEARNER_CRASHED = "C201"
+    CONTROLLER_LOST = "S201"
+
+
+J = JobStatus
+# Running states: a job in one of these holds resources on the backend.
+RUNNING_JOB_STATES = frozenset({J.PENDING, J.DOWNLOADING, J.PROCESSING, J.STORING})
+TERMINAL_JOB_STATES = frozenset({J.COMPLETED, J.FAILED, J.CANCELLED})
+# States in which a job holds cluster resources (placed and not yet released).
+HOLDING_JOB_STATES = RUNNING_JOB_STATES | {J.HALTING, J.RESCALING}
+
+_JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    J.QUEUED: frozenset({J.PENDING, J.HALTED, J.FAILED, J.CANCELLED}),
+    J.PENDING: frozenset({J.DOWNLOADING, J.PROCESSING, J.FAILED, J.HALTING, J.CANCELLED}),
+    J.DOWNLOADING: frozenset({J.PROCESSING, J.FAILED, J.HALTING, J.CANCELLED}),
+    J.PROCESSING: frozenset({J.STORING, J.FAILED, J.HALTING, J.RESCALING, J.CANCELLED}),
+    J.STORING: frozenset({J.COMPLETED, J.FAILED, J.CANCELLED}),
+    J.HALTING: frozenset({J.HALTED, J.COMPLETED, J.FAILED, J.CANCELLED}),
+    J.HALTED: frozenset({J.QUEUED, J.CANCELLED}),
+    J.RESCALING: frozenset({J.PENDING, J.FAILED, J.HALTING, J.CANCELLED}),
+    J.COMPLETED: frozenset(),
+    J.FAILED: frozenset(),
+    J.CANCELLED: frozenset(),
+}
+
+L = LearnerStatus
+_LEARNER_TRANSITIONS: dict[LearnerStatus, frozenset[LearnerStatus]] = {
+    L.PENDING: frozenset(
+        {L.DOWNLOADING, L.PROCESSING, L.FAILED, L.HALTED, L.CANCELLED, L.COMPLETED}
+    ),
+    L.DOWNLOADING: frozenset({L.PROCESSING, L.FAILED, L.HALTED, L.CANCELLED}),
+    L.PROCESSING: frozenset({L.STORING, L.COMPLETED, L.FAILED, L.HALTED, L.CANCELLED}),
+    L.STORING: frozenset({L.COMPLETED, L.FAILED, L.HALTED, L.CANCELLED}),
+    L.COMPLETED: frozenset(),
+    L.FAILED: frozenset(),
+    L.HALTED: frozenset(),
+    L.CANCELLED: frozenset(),
+}
+TERMINAL_LEARNER_STATES = frozenset({L.COMPLETED, L.FAILED, L.HALTED, L.CANCELLED})
+
+# Order of the forward pipeline, used to aggregate learners into a job status.
+PIPELINE = (L.PENDING, L.DOWNLOADING, L.PROCESSING, L.STORING, L.COMPLETED)
+
+
+def is_terminal(status: JobStatus) -> bool:
+    return status in TERMINAL_JOB_STATES
+
+
+def job_transition_allowed(current: JobStatus, target: JobStatus) -> bool:
+    return target in _JOB_TRANSITIONS[current]
+
+
+def learner_transition_allowed(current: LearnerStatus, target: LearnerStatus) -> bool:
+    return target in _LEARNER_TRANSITIONS[current]
+
+
+def check_job_transition(current: JobStatus, target: JobStatus) -> None:
+    if not job_transition_allowed(current, target):
+        raise IllegalTransition("job", current.value, target.value)
+
+
+def check_learner_transition(current: LearnerStatus, target: LearnerStatus) -> None:
+    if not learner_transition_allowed(current, target):
+        raise IllegalTransition("learner", current.value, target.value)

@@ -1,0 +1,459 @@
+"""The elastic optimizer: GPUs and batch size for every elastic job, by dynamic programming.
+
+A pure function from a snapshot of elastic jobs and the cluster's GPU count to a ``Plan``;
+the live autoscaler and the simulator call the same ``optimize``.
+
+Objective
+---------
+Choose for every job ``j`` a GPU count ``g_j`` and a batch size ``b_j`` maximising::
+
+    sum_j  w_j * (U_j(g_j) - penalty_j(g_j, b_j))      subject to  sum_j g_j <= total_gpus
+
+* ``g_j`` is 0 or a multiple of ``gpus_per_learner`` inside ``gpu_range`` (a gang of whole
+  learners). Long ranges are thinned to at most ``MAX_GPU_CHOICES`` geometrically spaced
+  values that always include the range's ends and the job's current count.
+* ``U_j(g) = max_b T_j(g, b) * E_j(b) / (T_j(1, b0) * E_j(b0))``: the best useful progress over
+  the batch candidates (``batch_candidates``: a geometric grid of ``batch_choices`` sizes over
+  ``batch_range`` plus ``b0`` and the current batch; only ``b0`` when the job has no range or
+  ``fixed_batch`` asks for the paper's baseline), counting only batches ``b >= g`` so every
+  GPU gets at least one sample. It is normalised by the job's progress on one GPU at its own
+  batch size ``b0``: the value of a GPU is a speed-up, so a huge model and a tiny one
+  compete on how well they use GPUs, not on how many samples per second they happen to
+  process. ``U_j(0) = 0``.
+* ``w_j = 1 + priority / 50`` (priority clamped to 0..100, so weights run 1..3 and the
+  default priority 50 weighs 2): a priority-100 job's speed-up counts three times a
+  priority-0 job's.
+* ``penalty_j = restart_penalty * U_j(current)`` when a running job's GPU count or batch
+  size changes (a rescale is a checkpoint-restart); keeping the current allocation, starting
+  a queued job and stopping a job cost nothing. A change is therefore made only when it
+  gains more than ``restart_penalty`` of the job's current progress.
+
+Fairness is lexicographic on top of the objective, in this order:
+
+1. A running job keeps at least its minimum: dropping it to 0 costs more than any other gain,
+   so it happens only when the running jobs' minimums alone exceed the cluster (as many as
+   possible are kept; preemption proper is the scheduler's job).
+2. A queued job that has waited more than ``fairness_after_s`` is admitted (at its minimum if
+   need be, shrinking other jobs toward theirs) whenever it can fit: admission earns a bonus
+   larger than any possible difference in the objective. Its GPUs beyond the minimum are
+   worth only their normal weight, so a starved job does not hog the cluster once admitted.
+
+``Plan.objective`` reports the objective above, without the fairness bonuses.
+
+Recurrence
+----------
+GPU counts are counted in units of ``u = gcd(gpus_per_learner)`` over the jobs, ``C`` units
+in all. With ``v_j(g)`` the value of option ``g`` for job ``j`` (including the fairness
+bonuses)::
+
+    best[0][c] = 0                                             for 0 <= c <= C
+    best[i][c] = max_{g in options_i, g <= c} best[i-1][c - g] + v_i(g)
+
+``best[i][c]`` is the best value of the first ``i`` jobs using at most ``c`` units. Every row
+is computed with one shifted numpy ``add`` and ``maximum`` per option: ``O(J * C * K)`` for
+``K`` options per job (``K <= MAX_GPU_CHOICES + 2``), and row ``i`` only as wide as the first
+``i`` jobs can fill. The whole float table is kept (1,000 jobs x 4,097 units is 33 MB) instead
+of a table of choices, because recognising the winning option while walking back is cheaper
+than tracking it in every cell. The walk back from ``best[J][C]`` prefers, at each job, its
+current allocation among the options that reach the optimum (stability on ties).
+The fairness rules become bonuses in ``v``: +A for admitting a starved job, -D for dropping a
+running one, with A larger than the spread of the whole objective and D larger than every
+admission together, which is exactly the lexicographic order above.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+
+from ffdl.elastic.efficiency import GradientStats, efficiencies_for, efficiency, noise_scale
+from ffdl.elastic.throughput import FloatArray, ThroughputModel, step_times
+
+MAX_GPU_CHOICES = 16
+DEFAULT_GPUS_PER_NODE = 8
+# Relative slack when recognising which option reached the optimum during the walk back.
+_TIE_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ElasticJob:
+    """What the optimizer knows about one elastic job (a running one or a queued one)."""
+
+    id: str
+    priority: int
+    gpu_range: tuple[int, int]  # allowed total GPUs (min, max); min >= 1
+    batch_range: tuple[int, int] | None  # global batch size range; None: fixed at base_batch
+    base_batch: int  # b0, the user's batch size, inside batch_range
+    gpus_per_learner: int = 1  # allocations are multiples of this (a gang of learners)
+    model: ThroughputModel
+    grad_stats: GradientStats | None = None
+    current_gpus: int = 0  # 0: queued, not running
+    current_batch: int | None = None  # None while running means base_batch
+    waited_s: float = 0.0  # time since the job last made progress (fairness)
+    # Work left, when known: not part of the objective; plan.diff uses it to show ETAs.
+    remaining_samples: float | None = None
+
+    def __post_init__(self) -> None:
+        low, high = self.gpu_range
+        if low < 1 or high < low:
+            raise ValueError(f"job {self.id}: gpu_range must satisfy 1 <= min <= max")
+        if self.gpus_per_learner < 1:
+            raise ValueError(f"job {self.id}: gpus_per_learner must be >= 1")
+        if high // self.gpus_per_learner * self.gpus_per_learner < low:
+            raise ValueError(f"job {self.id}: gpu_range holds no multiple of gpus_per_learner")
+        if self.base_batch < 1:
+            raise ValueError(f"job {self.id}: base_batch must be >= 1")
+        if self.batch_range is not None:
+            batch_low, batch_high = self.batch_range
+            if not 1 <= batch_low <= self.base_batch <= batch_high:
+                raise ValueError(f"job {self.id}: need 1 <= batch min <= base_batch <= batch max")
+        if self.current_gpus < 0:
+            raise ValueError(f"job {self.id}: current_gpus must be >= 0")
+        if self.current_batch is not None and self.current_batch < 1:
+            raise ValueError(f"job {self.id}: current_batch must be >= 1")
+
+    @property
+    def running(self) -> bool:
+        return self.current_gpus > 0
+
+    @property
+    def effective_current_batch(self) -> int:
+        return self.current_batch if self.current_batch is not None else self.base_batch
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """The plan for one job: GPUs (0: not running), batch size, useful samples per second."""
+
+    job_id: str
+    gpus: int
+    batch_size: int | None
+    progress: float
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Allocations in the order of the input jobs; ``changed``: running jobs rescaled."""
+
+    allocations: tuple[Allocation, ...]
+    objective: float
+    changed: tuple[str, ...]
+
+
+def priority_weight(priority: int) -> float:
+    """Objective weight of a job: 1 + priority / 50, priority clamped to 0..100."""
+    return 1.0 + min(max(priority, 0), 100) / 50.0
+
+
+def nodes_for(gpus: int, gpus_per_node: int) -> int:
+    """Machines a packed gang of ``gpus`` GPUs spans (at least one)."""
+    return max(1, -(-gpus // gpus_per_node))
+
+
+def useful_progress(
+    job: ElasticJob, gpus: int, batch: int, *, gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+) -> float:
+    """Useful samples per second ``T(g, b) * E(b)`` of ``job`` at ``gpus`` and ``batch``."""
+    if gpus == 0:
+        return 0.0
+    throughput = job.model.throughput(gpus, batch, nodes_for(gpus, gpus_per_node))
+    return throughput * efficiency(batch, job.base_batch, job.grad_stats)
+
+
+def gpu_candidates(job: ElasticJob, total_gpus: int) -> tuple[int, ...]:
+    """The non-zero GPU counts the optimizer considers for ``job``, ascending.
+
+    Multiples of ``gpus_per_learner`` in ``gpu_range``, thinned to ``MAX_GPU_CHOICES``
+    geometrically spaced values, plus the current count when it is allowed, capped at
+    ``total_gpus``. The thinning ignores ``total_gpus`` so more GPUs never remove a choice.
+    """
+    low, high = job.gpu_range
+    step = job.gpus_per_learner
+    choices = set(_thinned_multiples(low, high, step, MAX_GPU_CHOICES))
+    current = job.current_gpus
+    if current > 0 and current % step == 0 and low <= current <= high:
+        choices.add(current)
+    return tuple(sorted(g for g in choices if g <= total_gpus))
+
+
+def batch_candidates(
+    job: ElasticJob, *, batch_choices: int = 8, fixed_batch: bool = False
+) -> tuple[int, ...]:
+    """The batch sizes the optimizer considers for ``job``, ascending.
+
+    A geometric grid of ``batch_choices`` sizes from the range's minimum to its maximum, plus
+    ``b0`` and the current batch when it lies in the range; only ``b0`` without a range or
+    with ``fixed_batch``.
+    """
+    if job.batch_range is None or fixed_batch:
+        return (job.base_batch,)
+    low, high = job.batch_range
+    current = job.current_batch
+    extra = current if current is not None and low <= current <= high else job.base_batch
+    return _batch_grid(low, high, job.base_batch, extra, batch_choices)
+
+
+@dataclass(slots=True)
+class _Options:
+    """Every job's options as (job, option) arrays; option 0 is always "no GPUs".
+
+    Options a job does not have (padding, or GPU counts its batches cannot feed) have a
+    utility and value of ``-inf``.
+    """
+
+    gpus: npt.NDArray[np.int64]
+    batches: npt.NDArray[np.int64]  # 0 where the option runs no GPUs
+    progress: FloatArray  # useful samples per second
+    utility: FloatArray  # weighted, normalised, restart penalty subtracted
+    value: FloatArray  # utility plus the fairness terms: what the DP maximises
+    preferred: list[int]  # option to keep on ties: the current allocation, else 0
+
+
+def optimize(
+    jobs: Sequence[ElasticJob],
+    total_gpus: int,
+    *,
+    restart_penalty: float = 0.1,
+    batch_choices: int = 8,
+    fairness_after_s: float = 600.0,
+    fixed_batch: bool = False,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+) -> Plan:
+    """Best GPUs and batch size for every job; see the module docstring for the objective.
+
+    ``gpus_per_node`` tells the throughput model how many machines an allocation spans
+    (learners are assumed packed).
+    """
+    if total_gpus < 0:
+        raise ValueError("total_gpus must be >= 0")
+    if restart_penalty < 0:
+        raise ValueError("restart_penalty must be >= 0")
+    if batch_choices < 1:
+        raise ValueError("batch_choices must be >= 1")
+    if gpus_per_node < 1:
+        raise ValueError("gpus_per_node must be >= 1")
+    ids = [job.id for job in jobs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("job ids must be unique")
+    if not jobs:
+        return Plan(allocations=(), objective=0.0, changed=())
+
+    options = _evaluate(
+        jobs,
+        total_gpus,
+        restart_penalty=restart_penalty,
+        batch_choices=batch_choices,
+        fixed_batch=fixed_batch,
+        gpus_per_node=gpus_per_node,
+    )
+    _add_fairness_terms(jobs, options, fairness_after_s)
+    unit = math.gcd(*(job.gpus_per_learner for job in jobs))
+    chosen = _solve(options, total_gpus // unit, unit)
+
+    rows = np.arange(len(jobs))
+    gpus = options.gpus[rows, chosen].tolist()
+    batches = options.batches[rows, chosen].tolist()
+    progress = options.progress[rows, chosen].tolist()
+    allocations = []
+    changed = []
+    for job, g, batch, samples_per_s in zip(jobs, gpus, batches, progress, strict=True):
+        allocations.append(Allocation(job.id, g, batch if g else None, samples_per_s))
+        if job.running and (g != job.current_gpus or (g and batch != job.effective_current_batch)):
+            changed.append(job.id)
+    objective = float(options.utility[rows, chosen].sum())
+    return Plan(allocations=tuple(allocations), objective=objective, changed=tuple(changed))
+
+
+def _evaluate(
+    jobs: Sequence[ElasticJob],
+    total_gpus: int,
+    *,
+    restart_penalty: float,
+    batch_choices: int,
+    fixed_batch: bool,
+    gpus_per_node: int,
+) -> _Options:
+    """Value of every (job, GPU count) option, all jobs at once on a padded grid."""
+    gpu_lists = [gpu_candidates(job, total_gpus) for job in jobs]
+    batch_lists = [
+        batch_candidates(job, batch_choices=batch_choices, fixed_batch=fixed_batch) for job in jobs
+    ]
+    width = max(len(choices) for choices in gpu_lists)
+    depth = max(len(choices) for choices in batch_lists)
+    # Padding is 0, which no real GPU count or batch size is.
+    gpu_grid = np.array([[*c, *([0] * (width - len(c)))] for c in gpu_lists], dtype=np.int64)
+    batch_grid = np.array([[*c, *([0] * (depth - len(c)))] for c in batch_lists], dtype=np.int64)
+    columns = np.array(
+        [
+            (
+                job.model.alpha,
+                job.model.beta,
+                job.model.gamma,
+                job.model.delta,
+                job.base_batch,
+                noise_scale(job.grad_stats) if job.grad_stats is not None else math.inf,
+                priority_weight(job.priority),
+                job.current_gpus,
+                job.effective_current_batch,
+            )
+            for job in jobs
+        ],
+        dtype=np.float64,
+    ).T
+    alpha, beta, gamma, delta, base, noise, weight, current_gpus, current_batch = columns
+
+    def progress_of(g: FloatArray, b: FloatArray, params: tuple[FloatArray, ...]) -> FloatArray:
+        a, be, ga, de, b0, ns = params
+        nodes = np.maximum(1.0, np.ceil(g / gpus_per_node))
+        seconds = step_times(a, be, ga, de, g, b, nodes)
+        result: FloatArray = b / seconds * efficiencies_for(b, b0, ns)
+        return result
+
+    per_job = (alpha, beta, gamma, delta, base, noise)
+    grid_params = tuple(p[:, None, None] for p in per_job)
+    g = gpu_grid[:, :, None].astype(np.float64)
+    b = batch_grid[:, None, :].astype(np.float64)
+    # Every GPU needs at least one sample of the global batch.
+    exists = (g > 0) & (b >= g)
+    grid = np.where(
+        exists, progress_of(np.maximum(g, 1.0), np.maximum(b, 1.0), grid_params), -np.inf
+    )
+    best_index = np.argmax(grid, axis=2)
+    best_progress = np.take_along_axis(grid, best_index[:, :, None], axis=2)[:, :, 0]
+    best_batch = np.take_along_axis(batch_grid, best_index, axis=1)
+
+    reference = progress_of(np.ones_like(base), base, per_job)
+    running = current_gpus > 0
+    current = progress_of(np.maximum(current_gpus, 1.0), current_batch, per_job)
+    penalty = np.where(running, restart_penalty * current / reference, 0.0)
+    utility = weight[:, None] * (best_progress / reference[:, None] - penalty[:, None])
+
+    # Keeping a running job's exact allocation costs no restart.
+    preferred = [0] * len(jobs)
+    stay_jobs, stay_gpus, stay_batches = [], [], []
+    for j, job in enumerate(jobs):
+        if job.running and job.current_gpus in gpu_lists[j]:
+            column = gpu_lists[j].index(job.current_gpus)
+            preferred[j] = column + 1
+            if job.effective_current_batch in batch_lists[j]:
+                stay_jobs.append(j)
+                stay_gpus.append(column)
+                stay_batches.append(batch_lists[j].index(job.effective_current_batch))
+    if stay_jobs:
+        stay_progress = grid[stay_jobs, stay_gpus, stay_batches]
+        stay_utility = weight[stay_jobs] * stay_progress / reference[stay_jobs]
+        better = np.isfinite(stay_progress) & (stay_utility >= utility[stay_jobs, stay_gpus])
+        rows = np.array(stay_jobs)[better]
+        cols = np.array(stay_gpus)[better]
+        utility[rows, cols] = stay_utility[better]
+        best_progress[rows, cols] = stay_progress[better]
+        best_batch[rows, cols] = batch_grid[rows, np.array(stay_batches)[better]]
+
+    none = np.zeros((len(jobs), 1))
+    utility = np.hstack([none, utility])
+    return _Options(
+        gpus=np.hstack([none.astype(np.int64), gpu_grid]),
+        batches=np.hstack([none.astype(np.int64), np.where(exists.any(axis=2), best_batch, 0)]),
+        progress=np.hstack([none, np.where(np.isfinite(best_progress), best_progress, 0.0)]),
+        utility=utility,
+        value=utility.copy(),
+        preferred=preferred,
+    )
+
+
+def _add_fairness_terms(
+    jobs: Sequence[ElasticJob], options: _Options, fairness_after_s: float
+) -> None:
+    """Turn the fairness rules into bonuses that dominate every objective difference."""
+    utility = options.utility
+    finite = np.where(np.isfinite(utility), utility, 0.0)
+    spread = 1.0 + float((utility.max(axis=1) - finite.min(axis=1)).sum())
+    running = np.array([job.running for job in jobs])
+    starved = np.array([not job.running and job.waited_s > fairness_after_s for job in jobs])
+    admit_bonus = 2.0 * spread
+    drop_cost = admit_bonus * (int(starved.sum()) + 2)
+    options.value[starved, 1:] += admit_bonus
+    options.value[running, 0] -= drop_cost
+
+
+def _solve(options: _Options, capacity: int, unit: int) -> list[int]:
+    """Run the recurrence of the module docstring; return the chosen option per job.
+
+    Row ``i`` is only computed up to ``reach[i]``, the most units the first ``i`` jobs can
+    use; beyond it the row is flat, and the previous row is extended with its last value
+    before it is read there.
+    """
+    sizes = (options.gpus // unit).tolist()
+    values = options.value.tolist()
+    count = len(values)
+    table = np.empty((count + 1, capacity + 1), dtype=np.float64)
+    table[0] = 0.0
+    scratch = np.empty(capacity + 1, dtype=np.float64)
+    reach = [0] * (count + 1)
+
+    for i in range(count):
+        previous, row = table[i], table[i + 1]
+        own = [
+            (size, value)
+            for size, value in zip(sizes[i][1:], values[i][1:], strict=True)
+            if value > -math.inf and size <= capacity
+        ]
+        reach[i + 1] = min(capacity, reach[i] + max((size for size, _ in own), default=0))
+        limit = reach[i + 1] + 1
+        previous[reach[i] + 1 : limit] = previous[reach[i]]
+        np.add(previous[:limit], values[i][0], out=row[:limit])
+        for shift, value in own:
+            span = limit - shift
+            np.add(previous[:span], value, out=scratch[:span])
+            np.maximum(row[shift:limit], scratch[:span], out=row[shift:limit])
+
+    chosen = [0] * count
+    remaining = capacity
+    for i in range(count - 1, -1, -1):
+        remaining = min(remaining, reach[i + 1])
+        target = float(table[i + 1, remaining])
+        slack = _TIE_TOLERANCE * (1.0 + abs(target))
+        for k in (options.preferred[i], *range(len(sizes[i]))):
+            size, value = sizes[i][k], values[i][k]
+            if (
+                value > -math.inf
+                and size <= remaining
+                and float(table[i, remaining - size]) + value >= target - slack
+            ):
+                chosen[i] = k
+                remaining -= size
+                break
+        else:  # pragma: no cover - the optimum is always reached by some option
+            raise AssertionError("elastic DP walk-back found no option reaching the optimum")
+    return chosen
+
+
+@lru_cache(maxsize=4096)
+def _thinned_multiples(low: int, high: int, step: int, limit: int) -> tuple[int, ...]:
+    first = -(-low // step) * step
+    last = high // step * step
+    if first > last:
+        return ()
+    if (last - first) // step + 1 <= limit:
+        return tuple(range(first, last + 1, step))
+    picks = {first, last}
+    ratio = last / first
+    for t in range(1, limit - 1):
+        target = first * ratio ** (t / (limit - 1))
+        picks.add(min(max(round(target / step) * step, first), last))
+    return tuple(sorted(picks))
+
+
+@lru_cache(maxsize=4096)
+def _batch_grid(low: int, high: int, base: int, extra: int, size: int) -> tuple[int, ...]:
+    picks = {low, high, base, extra}
+    if size >= 2:
+        ratio = high / low
+        for t in range(1, size - 1):
+            picks.add(min(max(round(low * ratio ** (t / (size - 1))), low), high))
+    return tuple(sorted(picks))

@@ -1,0 +1,524 @@
+"""The learner controller: the process that runs one learner's command for the platform.
+
+Started as ``python -m ffdl.learner.controller SPEC_JSON_PATH``, it owns a learner attempt's
+life: stage the data (DOWNLOADING), run the command and stream its output and metrics
+(PROCESSING), copy the results (STORING), obey halt and cancel, and leave a final
+``result.json`` in its state directory. It imports only the standard library and a few
+light ffdl modules, because it must start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from ffdl.core.status import ErrorCode, LearnerStatus
+from ffdl.learner import metrics, staging
+from ffdl.learner.reporter import CANCEL, GAVE_UP, GONE, HALT, Reporter
+from ffdl.learner.spec import (
+    CONTROLLER_LOG,
+    PID_FILE,
+    RESULT_FILE,
+    LearnerResult,
+    LearnerSpec,
+    SpecError,
+    load_spec,
+    write_result,
+)
+
+LINE_LIMIT_BYTES = 16 * 1024
+LAST_LINES = 5
+REASON_TAIL_CHARS = 500
+POLL_S = 0.05
+# Output may trail in from the command's children after it exits; this long, no longer.
+OUTPUT_DRAIN_S = 2.0
+# Requests later in this order override earlier ones: a cancel beats a halt under way.
+STOP_PRIORITY = {HALT: 1, GAVE_UP: 2, CANCEL: 3, GONE: 4}
+TRAINING_LOG = "training-log.txt"
+
+logger = logging.getLogger("ffdl.learner.controller")
+
+
+class HaltSignal:
+    """Remembers a SIGTERM or SIGINT. Installed before anything else so that an early
+    signal halts the learner instead of killing the controller; the handler only sets a
+    flag, because it may interrupt the main thread while that holds a lock."""
+
+    def __init__(self) -> None:
+        self.received = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        del signum, frame
+        self.received = True
+
+
+def _group_members(group: int) -> set[int]:
+    """Processes in process group ``group``, read from /proc (empty where there is none)."""
+    members: set[int] = set()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return members
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path("/proc", name, "stat").read_bytes()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses; the fields after its last ')'
+        # are state, ppid, pgrp.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == group:
+            members.add(int(name))
+    return members
+
+
+def _become_group_leader() -> None:
+    """Own a process group, so that signalling "the group minus me" reaches only the
+    command and what it started, never whoever launched the controller."""
+    if os.getpgrp() != os.getpid():
+        try:
+            os.setpgid(0, 0)
+        except OSError:
+            logger.warning("cannot start a process group; signals reach the command only")
+
+
+def _stop_outcome(request: str, detail: str) -> LearnerResult:
+    if request == HALT:
+        return LearnerResult(LearnerStatus.HALTED, reason="halted")
+    if request == GAVE_UP:
+        return LearnerResult(
+            LearnerStatus.FAILED,
+            error_code=ErrorCode.CONTROLLER_LOST.value,
+            reason=f"reports undeliverable: {detail}",
+        )
+    if request == GONE:
+        return LearnerResult(LearnerStatus.CANCELLED, reason=f"the job is gone ({detail})")
+    return LearnerResult(LearnerStatus.CANCELLED, reason="cancelled")
+
+
+class Controller:
+    """One learner attempt, from staging to the final result; ``run`` returns the exit status."""
+
+    def __init__(self, spec: LearnerSpec, halt_signal: HaltSignal) -> None:
+        self.spec = spec
+        self._halt_signal = halt_signal
+        self.state_dir = Path(spec.state_dir)
+        self.reporter = Reporter(
+            api_url=spec.api_url,
+            job_token=spec.job_token,
+            training_id=spec.training_id,
+            learner=spec.learner,
+            attempt=spec.attempt,
+            heartbeat_s=spec.heartbeat_s,
+            report_deadline_s=spec.report_deadline_s,
+            on_event=self._on_reporter_event,
+            diagnostics=logger.warning,
+        )
+        self._lock = threading.Lock()
+        self._stop_request: str | None = None
+        self._stop_detail = ""
+        self._wake = threading.Event()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._last_lines: deque[str] = deque(maxlen=LAST_LINES)
+        self._mirror: IO[str] | None = None
+        self._mirror_lock = threading.Lock()
+        self._metric_groups: list[metrics.RegexGroup] = []
+
+    # -- stop requests --------------------------------------------------------------------
+
+    def _on_reporter_event(self, kind: str, detail: str) -> None:
+        logger.info("API event %s: %s", kind, detail)
+        with self._lock:
+            current = STOP_PRIORITY.get(self._stop_request or "", 0)
+            if STOP_PRIORITY[kind] > current:
+                self._stop_request, self._stop_detail = kind, detail
+        self._wake.set()
+
+    def _requested_stop(self) -> str | None:
+        with self._lock:
+            request = self._stop_request
+        if request is None and self._halt_signal.received:
+            return HALT
+        return request
+
+    def _wants_abort(self) -> bool:
+        return self._requested_stop() in (CANCEL, GONE)
+
+    # -- entry ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        handler = logging.FileHandler(self.state_dir / CONTROLLER_LOG, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        (self.state_dir / PID_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
+        logger.info(
+            "learner %d attempt %d of %s",
+            self.spec.learner,
+            self.spec.attempt,
+            self.spec.training_id,
+        )
+        self.reporter.start()
+        try:
+            outcome = self._run_phases()
+        except Exception as exc:
+            logger.exception("controller failure")
+            self._signal_command(signal.SIGKILL)
+            outcome = LearnerResult(
+                LearnerStatus.FAILED,
+                error_code=ErrorCode.DEPLOY_FAILED.value,
+                reason=f"controller error: {type(exc).__name__}: {exc}",
+            )
+        return self._finish(outcome)
+
+    def _run_phases(self) -> LearnerResult:
+        # Each phase returns None to go on, or how the attempt ended.
+        return (
+            self._download()
+            or self._process()
+            or self._store()
+            or LearnerResult(LearnerStatus.COMPLETED, exit_code=0)
+        )
+
+    def _finish(self, outcome: LearnerResult) -> int:
+        logger.info("final status %s: %s", outcome.status, outcome.reason)
+        self.reporter.status(
+            outcome.status,
+            reason=outcome.reason,
+            exit_code=outcome.exit_code,
+            error_code=outcome.error_code,
+        )
+        delivered = self.reporter.drain(self.spec.report_deadline_s + 5.0)
+        if not delivered:
+            logger.warning("reports were not all delivered")
+        write_result(self.state_dir, outcome)
+        (self.state_dir / PID_FILE).unlink(missing_ok=True)
+        return 0 if delivered else 1
+
+    def _status(self, status: LearnerStatus) -> None:
+        logger.info("status %s", status.value)
+        self.reporter.status(status.value)
+
+    def _ffdl_log(self, text: str) -> None:
+        self.reporter.log("ffdl", text)
+
+    # -- DOWNLOADING ----------------------------------------------------------------------
+
+    def _download(self) -> LearnerResult | None:
+        self._status(LearnerStatus.DOWNLOADING)
+        try:
+            for mount in self.spec.data:
+                if (request := self._requested_stop()) is not None:
+                    return _stop_outcome(request, self._stop_detail)
+                if mount.kind == "mount_volume":
+                    staging.link_volume(mount.source, mount.target)
+                    self._ffdl_log(f"[ffdl] mounted {mount.source} at {mount.target}")
+                    continue
+                self._ffdl_log(f"[ffdl] staging data from {mount.source} to {mount.target}")
+                staging.copy_tree(
+                    mount.source,
+                    mount.target,
+                    label="staging data",
+                    progress=self._ffdl_log,
+                    should_stop=lambda: self._requested_stop() is not None,
+                )
+        except staging.StagingStopped:
+            return _stop_outcome(self._requested_stop() or HALT, self._stop_detail)
+        except staging.StagingError as exc:
+            return LearnerResult(
+                LearnerStatus.FAILED, error_code=ErrorCode.LOAD_DATA_FAILED.value, reason=str(exc)
+            )
+        if (request := self._requested_stop()) is not None:
+            return _stop_outcome(request, self._stop_detail)
+        return None
+
+    # -- PROCESSING -----------------------------------------------------------------------
+
+    def _process(self) -> LearnerResult | None:
+        self._status(LearnerStatus.PROCESSING)
+        self._metric_groups, problems = metrics.compile_groups(self.spec.metric_groups)
+        for problem in problems:
+            self._ffdl_log(f"[ffdl] {problem}")
+        tailer = None
+        if self.spec.emetrics_file:
+            tailer = metrics.EmetricsTailer(
+                self.spec.emetrics_file,
+                self._on_file_metric,
+                lambda problem: self._ffdl_log(f"[ffdl] {problem}"),
+                skip_existing=True,
+            )
+            tailer.start()
+        try:
+            child = subprocess.Popen(
+                ["/bin/bash", "-c", self.spec.command],
+                cwd=self.spec.workdir,
+                env=self.spec.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            if tailer is not None:
+                tailer.stop()
+            return LearnerResult(
+                LearnerStatus.FAILED,
+                error_code=ErrorCode.LOAD_MODEL_FAILED.value,
+                reason=f"cannot start the command in {self.spec.workdir}: {exc}",
+            )
+        self._child = child
+        logger.info("command started as pid %d", child.pid)
+        self._open_mirror()
+        readers = [
+            threading.Thread(target=self._read_output, args=(pipe, name), daemon=True)
+            for pipe, name in ((child.stdout, "stdout"), (child.stderr, "stderr"))
+        ]
+        for reader in readers:
+            reader.start()
+        exit_code, acted_on, request = self._supervise(child)
+        logger.info("command exited with %d", exit_code)
+        self._collect_output(readers)
+        if tailer is not None:
+            tailer.stop()
+        self._close_mirror()
+        return self._process_outcome(exit_code, acted_on, request)
+
+    def _supervise(self, child: subprocess.Popen[bytes]) -> tuple[int, str | None, str | None]:
+        """Wait for the command while obeying stop requests.
+
+        Returns the exit code, the request acted on (if any) and the request pending when
+        the command exited.
+        """
+        acted_on: str | None = None
+        kill_at: float | None = None
+        while (exit_code := child.poll()) is None:
+            request = self._requested_stop()
+            if request in (CANCEL, GONE) and acted_on not in (CANCEL, GONE):
+                logger.info("stop request %s: killing the command", request)
+                self._signal_command(signal.SIGKILL)
+                acted_on, kill_at = request, None
+            elif request in (HALT, GAVE_UP) and acted_on is None:
+                logger.info("stop request %s: terminating the command", request)
+                self._signal_command(signal.SIGTERM)
+                acted_on, kill_at = request, time.monotonic() + self.spec.halt_grace_s
+            elif kill_at is not None and time.monotonic() >= kill_at:
+                logger.info("command outlived the %g s grace: killing it", self.spec.halt_grace_s)
+                self._signal_command(signal.SIGKILL)
+                kill_at = None
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+        return exit_code, acted_on, self._requested_stop()
+
+    def _process_outcome(
+        self, exit_code: int, acted_on: str | None, request: str | None
+    ) -> LearnerResult | None:
+        # A request seen only together with the exit: an exit 0 finished on its own, any
+        # other exit is taken as the request's doing (the platform may signal the group).
+        if acted_on is None and request is not None and exit_code != 0:
+            acted_on = request
+        if acted_on is not None:
+            outcome = _stop_outcome(acted_on, self._stop_detail)
+            outcome.exit_code = exit_code
+            return outcome
+        if exit_code == 0:
+            return None
+        tail = " | ".join(self._last_lines) or "(no output)"
+        if len(tail) > REASON_TAIL_CHARS:
+            tail = "..." + tail[-(REASON_TAIL_CHARS - 3) :]
+        return LearnerResult(
+            LearnerStatus.FAILED,
+            exit_code=exit_code,
+            error_code=ErrorCode.LEARNER_CRASHED.value,
+            reason=(
+                f"learner {self.spec.learner} exited with code {exit_code}; last lines: {tail}"
+            ),
+        )
+
+    def _signal_command(self, signum: int) -> None:
+        """Signal the command and everything it started: our process group, minus us."""
+        own_pid = os.getpid()
+        targets = _group_members(own_pid) - {own_pid} if os.getpgrp() == own_pid else set()
+        if self._child is not None:
+            # Popen skips a child it has already reaped, so a reused pid is never hit.
+            self._child.send_signal(signum)
+            targets.discard(self._child.pid)
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+    def _collect_output(self, readers: list[threading.Thread]) -> None:
+        deadline = time.monotonic() + OUTPUT_DRAIN_S
+        for reader in readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        # Whatever the command left behind dies with it, as in a container.
+        self._signal_command(signal.SIGKILL)
+        for reader in readers:
+            reader.join(OUTPUT_DRAIN_S)
+
+    def _read_output(self, pipe: IO[bytes], stream: str) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        with pipe:
+            while chunk := pipe.readline(LINE_LIMIT_BYTES):
+                line_ended = chunk.endswith(b"\n")
+                text = decoder.decode(chunk, final=line_ended)
+                if line_ended:
+                    text = text[:-1].removesuffix("\r")
+                self._on_output_line(stream, text)
+            if rest := decoder.decode(b"", final=True):
+                self._on_output_line(stream, rest)
+
+    def _on_output_line(self, stream: str, text: str) -> None:
+        self.reporter.log(stream, text)
+        self._mirror_line(text)
+        if text.strip():
+            self._last_lines.append(text.strip())
+        for metric in metrics.match_line(self._metric_groups, text):
+            self.reporter.emetric(metric.group, metric.iteration, metric.values)
+
+    def _on_file_metric(self, metric: metrics.EMetric) -> None:
+        self.reporter.emetric(metric.group, metric.iteration, metric.values, at=metric.time)
+
+    def _open_mirror(self) -> None:
+        log_dir = self.spec.env.get("LOG_DIR")
+        if not log_dir:
+            return
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+            path = os.path.join(log_dir, TRAINING_LOG)
+            self._mirror = open(path, "a", encoding="utf-8", errors="replace", buffering=1)  # noqa: SIM115
+        except OSError as exc:
+            self._ffdl_log(f"[ffdl] cannot write {log_dir}/{TRAINING_LOG}: {exc}")
+
+    def _mirror_line(self, text: str) -> None:
+        with self._mirror_lock:
+            if self._mirror is None:
+                return
+            try:
+                self._mirror.write(text + "\n")
+            except OSError as exc:
+                self._mirror = None
+                self._ffdl_log(f"[ffdl] stopped writing {TRAINING_LOG}: {exc}")
+
+    def _close_mirror(self) -> None:
+        with self._mirror_lock:
+            if self._mirror is not None:
+                self._mirror.close()
+                self._mirror = None
+
+    # -- STORING --------------------------------------------------------------------------
+
+    def _store(self) -> LearnerResult | None:
+        target = self.spec.results_target
+        if not target:
+            return None
+        self._status(LearnerStatus.STORING)
+        source = self.spec.results_source
+        try:
+            if source and os.path.exists(source):
+                staging.copy_tree(
+                    source,
+                    target,
+                    label="storing results",
+                    progress=self._ffdl_log,
+                    should_stop=self._wants_abort,
+                )
+            else:
+                os.makedirs(target, exist_ok=True)
+                self._ffdl_log(f"[ffdl] storing results: no results in {source}")
+        except staging.StagingStopped:
+            return _stop_outcome(self._requested_stop() or CANCEL, self._stop_detail)
+        except (staging.StagingError, OSError) as exc:
+            return LearnerResult(
+                LearnerStatus.FAILED,
+                exit_code=0,
+                error_code=ErrorCode.STORE_RESULTS_FAILED.value,
+                reason=f"storing results failed: {exc}",
+            )
+        if self._wants_abort():
+            return _stop_outcome(self._requested_stop() or CANCEL, self._stop_detail)
+        return None
+
+
+def fail_without_spec(spec_path: str, error: Exception) -> int:
+    """Report S101 for a spec that cannot be used, as far as its readable parts allow."""
+    failed = LearnerResult(
+        LearnerStatus.FAILED,
+        error_code=ErrorCode.DEPLOY_FAILED.value,
+        reason=f"bad learner spec: {error}",
+    )
+    print(f"ffdl controller: {failed.reason}", file=sys.stderr)
+    try:
+        raw = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raw = None
+    raw = raw if isinstance(raw, dict) else {}
+    deadline = raw.get("report_deadline_s")
+    deadline = float(deadline) if isinstance(deadline, int | float) and deadline > 0 else 600.0
+    delivered = False
+    with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+        reporter = Reporter(
+            api_url=raw["api_url"],
+            job_token=raw["job_token"],
+            training_id=str(raw["training_id"]),
+            learner=int(raw["learner"]),
+            attempt=int(raw.get("attempt", 0)),
+            report_deadline_s=deadline,
+        )
+        reporter.start()
+        reporter.status(failed.status, reason=failed.reason, error_code=failed.error_code)
+        delivered = reporter.drain(deadline + 5.0)
+    state_dir = raw.get("state_dir")
+    if not isinstance(state_dir, str) or not state_dir:
+        state_dir = os.path.dirname(os.path.abspath(spec_path))
+    try:
+        os.makedirs(state_dir, exist_ok=True, mode=0o700)
+        write_result(state_dir, failed)
+    except OSError as exc:
+        print(f"ffdl controller: cannot write {RESULT_FILE}: {exc}", file=sys.stderr)
+    return 0 if delivered else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ffdl.learner.controller",
+        description="Run one learner of an ffdl training job and report to the API.",
+    )
+    parser.add_argument("spec", help="path of the learner spec (JSON)")
+    args = parser.parse_args(argv)
+    halt_signal = HaltSignal()
+    halt_signal.install()
+    _become_group_leader()
+    try:
+        spec = load_spec(args.spec)
+        controller = Controller(spec, halt_signal)
+    except (SpecError, ValueError) as exc:
+        return fail_without_spec(args.spec, exc)
+    try:
+        return controller.run()
+    except Exception as exc:
+        # Reached only when the state directory itself is unusable: nothing to report to.
+        print(f"ffdl controller: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

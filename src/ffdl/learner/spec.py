@@ -1,0 +1,205 @@
+"""The files the platform and a learner controller exchange.
+
+The platform writes the spec (``dump_spec``), everything a controller needs to run one
+learner, and the controller reads it (``load_spec``). In its state directory the controller
+keeps ``controller.pid`` while it runs and leaves ``result.json`` (``write_result``) when it
+ends, which the platform reads (``read_result``) when the controller went silent. This
+module owns those names, the dataclasses, their JSON shape and their validation. It uses
+the standard library only, because the controller must start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+DATA_MOUNT_KINDS = ("local", "mount_volume")
+PID_FILE = "controller.pid"
+RESULT_FILE = "result.json"
+CONTROLLER_LOG = "controller.log"
+
+
+class SpecError(ValueError):
+    """The spec file is unreadable or a field is missing or of the wrong type."""
+
+
+@dataclass
+class DataMount:
+    kind: str
+    source: str
+    target: str
+
+
+@dataclass
+class LearnerSpec:
+    training_id: str
+    learner: int
+    num_learners: int
+    attempt: int
+    api_url: str
+    job_token: str
+    command: str
+    workdir: str
+    env: dict[str, str]
+    data: list[DataMount]
+    results_source: str | None
+    results_target: str | None
+    emetrics_file: str | None
+    metric_groups: dict[str, dict[str, Any]]
+    state_dir: str
+    halt_grace_s: float = 10.0
+    heartbeat_s: float = 2.0
+    report_deadline_s: float = 600.0
+
+
+@dataclass
+class LearnerResult:
+    """How a learner attempt ended, as reported last and left in ``result.json``."""
+
+    status: str
+    exit_code: int | None = None
+    error_code: str | None = None
+    reason: str | None = None
+    time: float | None = None
+
+
+def spec_to_dict(spec: LearnerSpec) -> dict[str, Any]:
+    return asdict(spec)
+
+
+def _require(document: dict[str, Any], name: str, kinds: type | tuple[type, ...]) -> Any:
+    if name not in document:
+        raise SpecError(f"spec field {name!r} is missing")
+    value = document[name]
+    # bool is an int subclass, but a flag where a number belongs is a mistake, not a 1.
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise SpecError(f"spec field {name!r} has the wrong type: {type(value).__name__}")
+    return value
+
+
+def _optional_str(document: dict[str, Any], name: str) -> str | None:
+    value = document.get(name)
+    if value is not None and not isinstance(value, str):
+        raise SpecError(f"spec field {name!r} must be a string or null")
+    return value
+
+
+def _number(document: dict[str, Any], name: str, default: float) -> float:
+    if document.get(name) is None:
+        return default
+    value = _require(document, name, (int, float))
+    if value <= 0:
+        raise SpecError(f"spec field {name!r} must be positive")
+    return float(value)
+
+
+def _data_mounts(raw: Any) -> list[DataMount]:
+    if not isinstance(raw, list):
+        raise SpecError("spec field 'data' must be a list")
+    mounts = []
+    for index, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            raise SpecError(f"spec field 'data[{index}]' must be an object")
+        kind, source, target = (entry.get(key) for key in ("kind", "source", "target"))
+        if not (isinstance(kind, str) and isinstance(source, str) and isinstance(target, str)):
+            raise SpecError(f"spec field 'data[{index}]' needs string kind, source and target")
+        if kind not in DATA_MOUNT_KINDS:
+            raise SpecError(f"spec field 'data[{index}].kind' must be one of {DATA_MOUNT_KINDS}")
+        if not (os.path.isabs(source) and os.path.isabs(target)):
+            raise SpecError(f"spec field 'data[{index}]' needs absolute source and target")
+        mounts.append(DataMount(kind=kind, source=source, target=target))
+    return mounts
+
+
+def spec_from_dict(document: dict[str, Any]) -> LearnerSpec:
+    """Validate a decoded spec document; raise ``SpecError`` naming the first bad field."""
+    if not isinstance(document, dict):
+        raise SpecError("the spec must be a JSON object")
+    env = _require(document, "env", dict)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise SpecError("spec field 'env' must map strings to strings")
+    groups = document.get("metric_groups") or {}
+    if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
+        raise SpecError("spec field 'metric_groups' must map names to objects")
+    learner = _require(document, "learner", int)
+    num_learners = _require(document, "num_learners", int)
+    if not 1 <= learner <= num_learners:
+        raise SpecError("spec field 'learner' must be between 1 and num_learners")
+    api_url = _require(document, "api_url", str)
+    if not api_url.startswith(("http://", "https://")):
+        raise SpecError("spec field 'api_url' must be an http(s) URL")
+    return LearnerSpec(
+        training_id=_require(document, "training_id", str),
+        learner=learner,
+        num_learners=num_learners,
+        attempt=_require(document, "attempt", int),
+        api_url=api_url,
+        job_token=_require(document, "job_token", str),
+        command=_require(document, "command", str),
+        workdir=_require(document, "workdir", str),
+        env=dict(env),
+        data=_data_mounts(document.get("data") or []),
+        results_source=_optional_str(document, "results_source"),
+        results_target=_optional_str(document, "results_target"),
+        emetrics_file=_optional_str(document, "emetrics_file"),
+        metric_groups=dict(groups),
+        state_dir=_require(document, "state_dir", str),
+        halt_grace_s=_number(document, "halt_grace_s", 10.0),
+        heartbeat_s=_number(document, "heartbeat_s", 2.0),
+        report_deadline_s=_number(document, "report_deadline_s", 600.0),
+    )
+
+
+def load_spec(path: str | os.PathLike[str]) -> LearnerSpec:
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecError(f"cannot read spec {os.fspath(path)}: {exc}") from exc
+    return spec_from_dict(document)
+
+
+def write_private_json(path: str | os.PathLike[str], document: Any) -> None:
+    """Write JSON atomically with mode 0600: readers see the old file or the new, whole."""
+    target = Path(path)
+    fd, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp_name, target)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+
+
+def dump_spec(spec: LearnerSpec, path: str | os.PathLike[str]) -> None:
+    write_private_json(path, spec_to_dict(spec))
+
+
+def write_result(state_dir: str | os.PathLike[str], result: LearnerResult) -> None:
+    document = asdict(result)
+    if document["time"] is None:
+        document["time"] = time.time()
+    write_private_json(Path(state_dir) / RESULT_FILE, document)
+
+
+def read_result(state_dir: str | os.PathLike[str]) -> LearnerResult | None:
+    """The result a controller left, or None when there is none (yet) or it is unreadable."""
+    try:
+        document = json.loads((Path(state_dir) / RESULT_FILE).read_text(encoding="utf-8"))
+        return LearnerResult(
+            status=str(document["status"]),
+            exit_code=document.get("exit_code"),
+            error_code=document.get("error_code"),
+            reason=document.get("reason"),
+            time=document.get("time"),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,276 @@
+"""Free capacity per node, and the indexed working copy a scheduling pass allocates from.
+
+Owns the step from a snapshot to free capacity (node capacity minus what running jobs'
+placements hold, plus the concrete GPU ids in use), the learner-slot arithmetic (how many
+learners of one size fit in what is free) and two mutable views:
+
+- ``CapacityView``: free GPUs/CPUs/memory of the schedulable nodes, bucketed by free GPU
+  count in *pools* (the whole cluster, one per GPU type, one per value of a label) so that
+  a placement looks only at nodes with enough free GPUs and a job that cannot fit is
+  rejected from pool totals without touching any node.
+- ``FreeState``: a ``CapacityView`` that also tracks which GPU ids are free on each node,
+  so that starts get concrete, lowest-first GPU ids.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ffdl.core.resources import Node, Resources
+from ffdl.scheduler.snapshot import RunningJob
+
+# Tolerance for fractional CPUs, the same one Resources.fits_in uses.
+CPU_EPSILON = 1e-9
+# A learner asking for nothing fits any number of times; this stands for "unbounded".
+UNBOUNDED_SLOTS = 1 << 30
+
+
+@dataclass(slots=True)
+class NodeFree:
+    """What is free on one node; ``gpu_ids`` (ascending) is only kept by ``FreeState``."""
+
+    node: Node
+    gpus: int
+    cpus: float
+    memory_mb: int
+    gpu_ids: list[int] = field(default_factory=list)
+
+    @property
+    def resources(self) -> Resources:
+        return Resources(self.gpus, self.cpus, self.memory_mb)
+
+
+def slots_for(gpus: int, cpus: float, memory_mb: int, per: Resources) -> int:
+    """How many learners needing ``per`` fit into the given free amounts."""
+    if gpus < 0 or cpus < -CPU_EPSILON or memory_mb < 0:
+        return 0
+    slots = UNBOUNDED_SLOTS
+    if per.gpus > 0:
+        slots = gpus // per.gpus
+    if per.cpus > 0:
+        slots = min(slots, math.floor((cpus + CPU_EPSILON) / per.cpus))
+    if per.memory_mb > 0:
+        slots = min(slots, memory_mb // per.memory_mb)
+    return slots
+
+
+def node_slots(free: NodeFree, per: Resources) -> int:
+    return slots_for(free.gpus, free.cpus, free.memory_mb, per)
+
+
+def held_per_node(
+    running: Iterable[RunningJob],
+) -> dict[str, list[tuple[Resources, tuple[int, ...]]]]:
+    """Per node, the resources and GPU ids each running learner holds there."""
+    held: dict[str, list[tuple[Resources, tuple[int, ...]]]] = {}
+    for job in running:
+        for learner in job.placement.learners:
+            held.setdefault(learner.node, []).append((job.per_learner, learner.gpu_ids))
+    return held
+
+
+def gpu_ids_in_use(nodes: Sequence[Node], running: Iterable[RunningJob]) -> dict[str, set[int]]:
+    """GPU ids held by running jobs on each known node (ids outside the node are ignored)."""
+    known = {node.name: node.gpus for node in nodes}
+    in_use: dict[str, set[int]] = {name: set() for name in known}
+    for job in running:
+        for learner in job.placement.learners:
+            if learner.node in known:
+                limit = known[learner.node]
+                in_use[learner.node].update(g for g in learner.gpu_ids if 0 <= g < limit)
+    return in_use
+
+
+def compute_free(nodes: Sequence[Node], running: Iterable[RunningJob]) -> dict[str, NodeFree]:
+    """Free capacity of every node: its capacity minus what running learners hold.
+
+    A running learner without recorded GPU ids still takes its GPU count; the free count is
+    then the smaller of "capacity minus counts" and "ids nobody holds", so a GPU is never
+    handed out twice. Placements on nodes that are no longer known are ignored.
+    """
+    running = tuple(running)
+    in_use = gpu_ids_in_use(nodes, running)
+    held = held_per_node(running)
+    free: dict[str, NodeFree] = {}
+    for node in nodes:
+        gpus, cpus, memory = node.gpus, node.cpus, node.memory_mb
+        for per, _ids in held.get(node.name, ()):
+            gpus -= per.gpus
+            cpus -= per.cpus
+            memory -= per.memory_mb
+        ids = [g for g in range(node.gpus) if g not in in_use[node.name]]
+        gpus = min(gpus, len(ids))
+        free[node.name] = NodeFree(node, gpus, cpus, memory, ids)
+    return free
+
+
+class Pool:
+    """A set of schedulable nodes bucketed by free GPUs, with running totals."""
+
+    __slots__ = ("free_cpus", "free_gpus", "free_memory_mb", "levels", "names", "top_hint")
+
+    def __init__(self, max_gpus: int) -> None:
+        self.levels: list[dict[str, None]] = [{} for _ in range(max_gpus + 1)]
+        self.names: list[str] = []
+        self.free_gpus = 0
+        self.free_cpus = 0.0
+        self.free_memory_mb = 0
+        self.top_hint = 0
+
+    @staticmethod
+    def level_of(gpus: int, size: int) -> int:
+        return min(max(gpus, 0), size - 1)
+
+    def add(self, name: str, free: NodeFree) -> None:
+        self.names.append(name)
+        level = self.level_of(free.gpus, len(self.levels))
+        self.levels[level][name] = None
+        self.top_hint = max(self.top_hint, level)
+        self.free_gpus += max(free.gpus, 0)
+        self.free_cpus += max(free.cpus, 0.0)
+        self.free_memory_mb += max(free.memory_mb, 0)
+
+    def move(self, name: str, before: NodeFree, after: NodeFree) -> None:
+        size = len(self.levels)
+        old, new = self.level_of(before.gpus, size), self.level_of(after.gpus, size)
+        if old != new:
+            del self.levels[old][name]
+            self.levels[new][name] = None
+            self.top_hint = max(self.top_hint, new)
+        self.free_gpus += max(after.gpus, 0) - max(before.gpus, 0)
+        self.free_cpus += max(after.cpus, 0.0) - max(before.cpus, 0.0)
+        self.free_memory_mb += max(after.memory_mb, 0) - max(before.memory_mb, 0)
+
+    @property
+    def top(self) -> int:
+        """The largest free GPU count on any node of the pool (the largest free block)."""
+        level = self.top_hint
+        while level > 0 and not self.levels[level]:
+            level -= 1
+        self.top_hint = level
+        return level
+
+    def nodes_with_free_gpus(self) -> int:
+        return sum(len(bucket) for bucket in self.levels[1:])
+
+    def gpu_slot_bound(self, gpus_per_learner: int) -> int:
+        """Learners of that GPU size the pool could hold if CPUs and memory never bound."""
+        return sum(
+            len(self.levels[level]) * (level // gpus_per_learner)
+            for level in range(gpus_per_learner, self.top + 1)
+        )
+
+    def descending(self, min_level: int) -> Iterable[tuple[int, str]]:
+        for level in range(self.top, min_level - 1, -1):
+            for name in self.levels[level]:
+                yield level, name
+
+    def ascending(self, min_level: int, max_level: int | None = None) -> Iterable[tuple[int, str]]:
+        upper = self.top if max_level is None else min(max_level, self.top)
+        for level in range(min_level, upper + 1):
+            for name in self.levels[level]:
+                yield level, name
+
+
+class CapacityView:
+    """Free counts of the schedulable nodes, indexed in pools by free GPUs."""
+
+    def __init__(self, free: dict[str, NodeFree]) -> None:
+        self.free = free
+        schedulable = [f for f in free.values() if f.node.schedulable]
+        self._max_gpus = max((f.node.gpus for f in schedulable), default=0)
+        self.all = Pool(self._max_gpus)
+        self._memberships: dict[str, list[Pool]] = {}
+        self._by_type: dict[str, Pool] = {}
+        self._by_label: dict[str, dict[str, Pool]] = {}
+        for item in schedulable:
+            name = item.node.name
+            self.all.add(name, item)
+            type_pool = self._by_type.get(item.node.gpu_type)
+            if type_pool is None:
+                type_pool = self._by_type[item.node.gpu_type] = Pool(self._max_gpus)
+            type_pool.add(name, item)
+            self._memberships[name] = [self.all, type_pool]
+        self.version = 0
+
+    def pool_for(self, gpu_type: str | None) -> Pool | None:
+        """The pool a job may use: the whole cluster, or the nodes of its GPU type."""
+        if gpu_type is None:
+            return self.all
+        return self._by_type.get(gpu_type)
+
+    def label_groups(self, key: str) -> dict[str, Pool]:
+        """One pool per value of label ``key`` (built on first use, then kept up to date)."""
+        groups = self._by_label.get(key)
+        if groups is None:
+            groups = {}
+            for name in self.all.names:
+                item = self.free[name]
+                value = item.node.labels.get(key)
+                if value is None:
+                    continue
+                pool = groups.get(value)
+                if pool is None:
+                    pool = groups[value] = Pool(self._max_gpus)
+                pool.add(name, item)
+                self._memberships[name].append(pool)
+            self._by_label[key] = dict(sorted(groups.items()))
+            groups = self._by_label[key]
+        return groups
+
+    def set_free(self, name: str, gpus: int, cpus: float, memory_mb: int) -> None:
+        item = self.free[name]
+        before = NodeFree(item.node, item.gpus, item.cpus, item.memory_mb)
+        item.gpus, item.cpus, item.memory_mb = gpus, cpus, memory_mb
+        for pool in self._memberships.get(name, ()):
+            pool.move(name, before, item)
+        self.version += 1
+
+    def subtract(self, name: str, amount: Resources) -> None:
+        item = self.free[name]
+        self.set_free(
+            name,
+            item.gpus - amount.gpus,
+            item.cpus - amount.cpus,
+            item.memory_mb - amount.memory_mb,
+        )
+
+    def add(self, name: str, amount: Resources) -> None:
+        item = self.free[name]
+        self.set_free(
+            name,
+            item.gpus + amount.gpus,
+            item.cpus + amount.cpus,
+            item.memory_mb + amount.memory_mb,
+        )
+
+
+class FreeState(CapacityView):
+    """The pass's working copy of free capacity, with concrete free GPU ids per node."""
+
+    def __init__(self, nodes: Sequence[Node], running: Iterable[RunningJob]) -> None:
+        super().__init__(compute_free(nodes, running))
+
+    def allocate(self, name: str, per: Resources, learners: int) -> list[tuple[int, ...]]:
+        """Take ``learners`` learners of ``per`` on a node; each gets the lowest free GPU ids."""
+        item = self.free[name]
+        taken = item.gpu_ids[: per.gpus * learners]
+        del item.gpu_ids[: per.gpus * learners]
+        self.subtract(name, per.scaled(learners))
+        return [tuple(taken[i * per.gpus : (i + 1) * per.gpus]) for i in range(learners)]
+
+    def release(self, name: str, amount: Resources, gpu_ids: Iterable[int]) -> None:
+        """Give back resources (and their GPU ids) on a node."""
+        item = self.free[name]
+        returned = [g for g in gpu_ids if 0 <= g < item.node.gpus and g not in item.gpu_ids]
+        item.gpu_ids = sorted([*item.gpu_ids, *returned])
+        self.add(name, amount)
+
+    def claim(self, name: str, amount: Resources, gpu_ids: Iterable[int]) -> None:
+        """Mark resources (and those GPU ids) as held again, e.g. by a checkpointing job."""
+        item = self.free[name]
+        claimed = set(gpu_ids)
+        item.gpu_ids = [g for g in item.gpu_ids if g not in claimed]
+        self.subtract(name, amount)

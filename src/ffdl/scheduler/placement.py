@@ -1,0 +1,490 @@
+"""Gang placement on free capacity: pack, spread, label locality, GPU type, GPU ids.
+
+Owns where the learners of one job go, given what is free:
+
+- ``pack``: the fewest nodes, each filled as far as it goes (largest first); the last node
+  is the best fit (fewest free GPUs that still hold the remaining learners). A job that
+  fits on one node goes to the fullest node that can take it.
+- ``spread``: one learner per node on the emptiest nodes; only when there are fewer
+  fitting nodes than learners do nodes take a second learner (round robin).
+- ``same_label``: every learner on nodes sharing one value of that label; among the values
+  that fit, pack picks the one using the fewest nodes (then the least free capacity),
+  spread the one using the most nodes (then the most free capacity).
+- ``gpu_type``: only nodes whose ``gpu_type`` equals it; unschedulable nodes take nothing.
+
+Also owns ``never_fits`` (could the job be placed on the empty cluster at all?) and the
+plain-words descriptions of why a job does not fit what is free now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Sequence
+from dataclasses import dataclass
+
+from ffdl.core.resources import LearnerPlacement, Node, Placement, Resources
+from ffdl.scheduler.free import CPU_EPSILON, CapacityView, FreeState, Pool, node_slots, slots_for
+from ffdl.scheduler.snapshot import QueuedJob
+
+# Node name → how many learners of the job go there, in learner order.
+Choice = list[tuple[str, int]]
+
+PACK = "pack"
+SPREAD = "spread"
+
+
+def effective_policy(job: QueuedJob, default: str) -> str:
+    policy = job.placement_policy or default
+    return SPREAD if policy == SPREAD else PACK
+
+
+def may_fit(pool: Pool, job: QueuedJob) -> bool:
+    """Cheap necessary conditions from pool totals; False means it certainly does not fit."""
+    per, learners = job.per_learner, job.learners
+    if per.gpus > 0 and (
+        pool.top < per.gpus
+        or pool.free_gpus < per.gpus * learners
+        or pool.gpu_slot_bound(per.gpus) < learners
+    ):
+        return False
+    if per.cpus > 0 and pool.free_cpus + CPU_EPSILON < per.cpus * learners:
+        return False
+    return not (per.memory_mb > 0 and pool.free_memory_mb < per.memory_mb * learners)
+
+
+def find_nodes(
+    view: CapacityView,
+    job: QueuedJob,
+    policy: str,
+    excluded: Container[str] | None = None,
+) -> Choice | None:
+    """Where the whole gang fits on ``view`` (never on ``excluded`` nodes), or None."""
+    if job.learners < 1:
+        return None
+    if job.same_label is None:
+        pool = view.pool_for(job.gpu_type)
+        if pool is None or not may_fit(pool, job):
+            return None
+        return _place_in_pool(view, pool, job, policy, excluded, None)
+    best: Choice | None = None
+    best_key: tuple[int, int, float] | None = None
+    for pool in view.label_groups(job.same_label).values():
+        if not may_fit(pool, job):
+            continue
+        choice = _place_in_pool(view, pool, job, policy, excluded, job.gpu_type)
+        if choice is None:
+            continue
+        if policy == SPREAD:
+            key = (-len(choice), -pool.free_gpus, -pool.free_cpus)
+        else:
+            key = (len(choice), pool.free_gpus, pool.free_cpus)
+        if best_key is None or key < best_key:
+            best, best_key = choice, key
+    return best
+
+
+def assign(state: FreeState, job: QueuedJob, choice: Choice) -> Placement:
+    """Allocate the chosen nodes on ``state`` and name each learner's GPU ids."""
+    learners: list[LearnerPlacement] = []
+    for name, count in choice:
+        for gpu_ids in state.allocate(name, job.per_learner, count):
+            learners.append(LearnerPlacement(len(learners) + 1, name, gpu_ids))
+    return Placement(tuple(learners))
+
+
+def _eligible_slots(
+    view: CapacityView,
+    name: str,
+    per: Resources,
+    gpu_type: str | None,
+    excluded: Container[str] | None,
+) -> int:
+    if excluded is not None and name in excluded:
+        return 0
+    item = view.free[name]
+    if gpu_type is not None and item.node.gpu_type != gpu_type:
+        return 0
+    return node_slots(item, per)
+
+
+def _place_in_pool(
+    view: CapacityView,
+    pool: Pool,
+    job: QueuedJob,
+    policy: str,
+    excluded: Container[str] | None,
+    gpu_type: str | None,
+) -> Choice | None:
+    if job.per_learner.gpus == 0:
+        return _place_without_gpus(view, pool, job, policy, excluded, gpu_type)
+    if policy == SPREAD:
+        return _spread_by_gpus(view, pool, job, excluded, gpu_type)
+    return _pack_by_gpus(view, pool, job, excluded, gpu_type)
+
+
+def _needed(sorted_slots: Sequence[tuple[int, int, str]], learners: int) -> int:
+    """How many of the (largest-first) nodes it takes to hold ``learners``."""
+    held = 0
+    for count, (slots, _level, _name) in enumerate(sorted_slots, start=1):
+        held += slots
+        if held >= learners:
+            return count
+    return len(sorted_slots) + 1
+
+
+def _pack_by_gpus(
+    view: CapacityView,
+    pool: Pool,
+    job: QueuedJob,
+    excluded: Container[str] | None,
+    gpu_type: str | None,
+) -> Choice | None:
+    per, learners, gpus = job.per_learner, job.learners, job.per_learner.gpus
+    if pool.top >= learners * gpus:
+        for _level, name in pool.ascending(learners * gpus):
+            if _eligible_slots(view, name, per, gpu_type, excluded) >= learners:
+                return [(name, learners)]
+    # Visit nodes from the most free GPUs down; a node at level L holds at most L // gpus
+    # learners, so once the nodes seen already reach the gang with nodes no smaller than
+    # anything unseen could be, the node count is minimal and the scan stops.
+    collected: list[tuple[int, int, str]] = []
+    total = 0
+    lowest_visited = pool.top + 1
+    for level in range(pool.top, gpus - 1, -1):
+        for name in pool.levels[level]:
+            slots = _eligible_slots(view, name, per, gpu_type, excluded)
+            if slots > 0:
+                collected.append((slots, level, name))
+                total += slots
+        lowest_visited = level
+        if total >= learners:
+            collected.sort(key=lambda c: -c[0])
+            needed = _needed(collected, learners)
+            if collected[needed - 1][0] >= (level - 1) // gpus:
+                break
+    if total < learners:
+        return None
+    collected.sort(key=lambda c: -c[0])
+    needed = _needed(collected, learners)
+    chosen = collected[: needed - 1]
+    remaining = learners - sum(slots for slots, _level, _name in chosen)
+    best: tuple[int, str] | None = None
+    for slots, level, name in collected[needed - 1 :]:
+        if slots >= remaining and (best is None or level < best[0]):
+            best = (level, name)
+    for level, name in pool.ascending(remaining * gpus, lowest_visited - 1):
+        if best is not None and level >= best[0]:
+            break
+        if _eligible_slots(view, name, per, gpu_type, excluded) >= remaining:
+            best = (level, name)
+            break
+    assert best is not None  # the needed-th collected node holds the remainder
+    return [(name, slots) for slots, _level, name in chosen] + [(best[1], remaining)]
+
+
+def _spread_by_gpus(
+    view: CapacityView,
+    pool: Pool,
+    job: QueuedJob,
+    excluded: Container[str] | None,
+    gpu_type: str | None,
+) -> Choice | None:
+    per, learners = job.per_learner, job.learners
+    collected: list[tuple[int, str]] = []
+    for _level, name in pool.descending(per.gpus):
+        slots = _eligible_slots(view, name, per, gpu_type, excluded)
+        if slots > 0:
+            collected.append((slots, name))
+            if len(collected) == learners:
+                return [(name, 1) for _slots, name in collected]
+    return _round_robin(collected, learners)
+
+
+def _round_robin(collected: Sequence[tuple[int, str]], learners: int) -> Choice | None:
+    if sum(slots for slots, _name in collected) < learners:
+        return None
+    counts = [0] * len(collected)
+    remaining = learners
+    while remaining:
+        for i, (slots, _name) in enumerate(collected):
+            if remaining and counts[i] < slots:
+                counts[i] += 1
+                remaining -= 1
+    return [(name, n) for (_slots, name), n in zip(collected, counts, strict=True) if n]
+
+
+def _place_without_gpus(
+    view: CapacityView,
+    pool: Pool,
+    job: QueuedJob,
+    policy: str,
+    excluded: Container[str] | None,
+    gpu_type: str | None,
+) -> Choice | None:
+    # CPU-only learners: GPU buckets say nothing about fit, so every node is looked at.
+    per, learners = job.per_learner, job.learners
+    candidates: list[tuple[int, float, int, str]] = []
+    for name in pool.names:
+        slots = _eligible_slots(view, name, per, gpu_type, excluded)
+        if slots > 0:
+            item = view.free[name]
+            candidates.append((slots, item.cpus, item.memory_mb, name))
+    if policy == SPREAD:
+        candidates.sort(key=lambda c: (-c[1], -c[2]))
+        if len(candidates) >= learners:
+            return [(c[3], 1) for c in candidates[:learners]]
+        return _round_robin([(c[0], c[3]) for c in candidates], learners)
+    whole = [c for c in candidates if c[0] >= learners]
+    if whole:
+        return [(min(whole, key=lambda c: (c[1], c[2]))[3], learners)]
+    if sum(c[0] for c in candidates) < learners:
+        return None
+    candidates.sort(key=lambda c: -c[0])
+    needed = _needed([(c[0], 0, c[3]) for c in candidates], learners)
+    chosen = candidates[: needed - 1]
+    remaining = learners - sum(c[0] for c in chosen)
+    last = min(
+        (c for c in candidates[needed - 1 :] if c[0] >= remaining),
+        key=lambda c: (c[0], c[1], c[2]),
+    )
+    return [(c[3], c[0]) for c in chosen] + [(last[3], remaining)]
+
+
+# ---------------------------------------------------------------------------------------
+# Could the job ever fit?  (the empty cluster)
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeClass:
+    gpus: int
+    cpus: float
+    memory_mb: int
+    gpu_type: str
+
+
+class ClusterShape:
+    """Nodes grouped by identical capacity, so fit-on-empty checks cost per class."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.nodes = tuple(nodes)
+        self.classes = self._count(self.nodes)
+        self._by_label: dict[str, dict[str, dict[_NodeClass, int]]] = {}
+
+    @staticmethod
+    def _count(nodes: Sequence[Node]) -> dict[_NodeClass, int]:
+        classes: dict[_NodeClass, int] = {}
+        for node in nodes:
+            key = _NodeClass(node.gpus, node.cpus, node.memory_mb, node.gpu_type)
+            classes[key] = classes.get(key, 0) + 1
+        return classes
+
+    def label_classes(self, key: str) -> dict[str, dict[_NodeClass, int]]:
+        groups = self._by_label.get(key)
+        if groups is None:
+            members: dict[str, list[Node]] = {}
+            for node in self.nodes:
+                value = node.labels.get(key)
+                if value is not None:
+                    members.setdefault(value, []).append(node)
+            groups = {value: self._count(members[value]) for value in sorted(members)}
+            self._by_label[key] = groups
+        return groups
+
+
+def _typed(classes: dict[_NodeClass, int], gpu_type: str | None) -> dict[_NodeClass, int]:
+    if gpu_type is None:
+        return classes
+    return {c: n for c, n in classes.items() if c.gpu_type == gpu_type}
+
+
+def _class_slots(classes: dict[_NodeClass, int], per: Resources) -> int:
+    return sum(slots_for(c.gpus, c.cpus, c.memory_mb, per) * n for c, n in classes.items())
+
+
+def fmt_number(value: float) -> str:
+    return f"{value:g}"
+
+
+def plural(count: float, noun: str) -> str:
+    return f"{fmt_number(count)} {noun}" + ("" if count == 1 else "s")
+
+
+def describe(per: Resources) -> str:
+    parts = []
+    if per.gpus:
+        parts.append(plural(per.gpus, "GPU"))
+    if per.cpus:
+        parts.append(plural(per.cpus, "CPU"))
+    if per.memory_mb:
+        parts.append(f"{per.memory_mb} MiB memory")
+    return ", ".join(parts) or "no resources"
+
+
+# The multiplication sign of "2 learners by 4 GPUs" in the reasons users read.
+TIMES = "\u00d7"
+
+
+def gang(learners: int, what: str) -> str:
+    return what if learners == 1 else f"{learners} learners {TIMES} {what}"
+
+
+def never_fits_on(job: QueuedJob, shape: ClusterShape) -> str | None:
+    """``never_fits`` against a prepared ``ClusterShape`` (reused across a pass)."""
+    per, learners = job.per_learner, job.learners
+    if learners < 1:
+        return "needs at least one learner"
+    classes = _typed(shape.classes, job.gpu_type)
+    if not classes:
+        if job.gpu_type is not None:
+            return f"no node has gpu_type={job.gpu_type}"
+        return "the cluster has no nodes"
+    kind = f"{job.gpu_type} " if job.gpu_type else ""
+    if _class_slots(classes, per) == 0:
+        most = (
+            max(c.gpus for c in classes),
+            max(c.cpus for c in classes),
+            max(c.memory_mb for c in classes),
+        )
+        largest = f"the largest {kind}node has"
+        if per.gpus > most[0]:
+            return f"needs {plural(per.gpus, 'GPU')} per learner but {largest} {most[0]}"
+        if per.cpus > most[1] + CPU_EPSILON:
+            return (
+                f"needs {plural(per.cpus, 'CPU')} per learner but {largest} {fmt_number(most[1])}"
+            )
+        if per.memory_mb > most[2]:
+            return (
+                f"needs {per.memory_mb} MiB memory per learner but the largest {kind}node "
+                f"has {most[2]} MiB"
+            )
+        return f"no single {kind}node has {describe(per)} for one learner"
+    if job.same_label is None:
+        room = _class_slots(classes, per)
+        if room >= learners:
+            return None
+        total = per.scaled(learners)
+        gpus = sum(c.gpus * n for c, n in classes.items())
+        cpus = sum(c.cpus * n for c, n in classes.items())
+        memory = sum(c.memory_mb * n for c, n in classes.items())
+        where = f"the {job.gpu_type} nodes have" if job.gpu_type else "the cluster has"
+        if total.gpus > gpus:
+            return f"needs {total.gpus} GPUs in total but {where} {gpus}"
+        if total.cpus > cpus + CPU_EPSILON:
+            return f"needs {fmt_number(total.cpus)} CPUs in total but {where} {fmt_number(cpus)}"
+        if total.memory_mb > memory:
+            return f"needs {total.memory_mb} MiB memory in total but {where} {memory} MiB"
+        return (
+            f"needs {gang(learners, describe(per))} but {where} room for only "
+            f"{plural(room, 'such learner')}"
+        )
+    label = job.same_label
+    groups = {
+        value: _typed(classes_in, job.gpu_type)
+        for value, classes_in in shape.label_classes(label).items()
+    }
+    groups = {value: classes_in for value, classes_in in groups.items() if classes_in}
+    if not groups:
+        return f"no {kind}node has a {label} label"
+    if max(_class_slots(classes_in, per) for classes_in in groups.values()) >= learners:
+        return None
+    need = f"needs {gang(learners, describe(per))} on {kind}nodes with one {label} value"
+    if per.gpus:
+        most_gpus = max(sum(c.gpus * n for c, n in g.items()) for g in groups.values())
+        return f"{need}; the largest {label} has {most_gpus} GPUs"
+    room = max(_class_slots(classes_in, per) for classes_in in groups.values())
+    return f"{need}; the largest {label} has room for {plural(room, 'learner')}"
+
+
+def never_fits(job: QueuedJob, nodes: Sequence[Node]) -> str | None:
+    """Why ``job`` could not be placed even on the EMPTY cluster, or None if it could.
+
+    Cordoned (unschedulable) nodes count: a drain is temporary, and rejecting a job at
+    submit time is final.
+    """
+    return never_fits_on(job, ClusterShape(nodes))
+
+
+def usable_nodes(job: QueuedJob, nodes: Sequence[Node]) -> set[str]:
+    """Schedulable nodes this job could ever use: its GPU type, big enough for a learner,
+    and (with locality) carrying a label value whose nodes could hold the whole gang."""
+    per = job.per_learner
+    fitting = [
+        node
+        for node in nodes
+        if node.schedulable
+        and (job.gpu_type is None or node.gpu_type == job.gpu_type)
+        and slots_for(node.gpus, node.cpus, node.memory_mb, per) > 0
+    ]
+    if job.same_label is None:
+        return {node.name for node in fitting}
+    groups: dict[str, list[Node]] = {}
+    for node in fitting:
+        value = node.labels.get(job.same_label)
+        if value is not None:
+            groups.setdefault(value, []).append(node)
+    usable: set[str] = set()
+    for members in groups.values():
+        room = sum(slots_for(n.gpus, n.cpus, n.memory_mb, per) for n in members)
+        if room >= job.learners:
+            usable.update(n.name for n in members)
+    return usable
+
+
+def describe_shortfall(view: CapacityView, job: QueuedJob) -> str:
+    """Why the job does not fit what is free on ``view`` now, naming the numbers."""
+    per, learners = job.per_learner, job.learners
+    kind = f"{job.gpu_type} " if job.gpu_type else ""
+    if job.same_label is not None:
+        return _describe_locality_shortfall(view, job, kind)
+    pool = view.pool_for(job.gpu_type)
+    if pool is None:
+        return f"no schedulable node has gpu_type={job.gpu_type}"
+    return _describe_pool_shortfall(pool, per, learners, kind, "")
+
+
+def _describe_pool_shortfall(
+    pool: Pool, per: Resources, learners: int, kind: str, where: str
+) -> str:
+    free_nodes = pool.nodes_with_free_gpus()
+    if per.gpus:
+        top = pool.top
+        free = f"{plural(pool.free_gpus, 'GPU')} free on {plural(free_nodes, 'node')}"
+        if pool.free_gpus < per.gpus * learners:
+            return f"needs {gang(learners, plural(per.gpus, kind + 'GPU'))}{where}; {free}"
+        if top < per.gpus:
+            return (
+                f"needs {plural(per.gpus, kind + 'GPU')} on one node{where}; "
+                f"largest free block is {top}"
+            )
+        room = pool.gpu_slot_bound(per.gpus)
+        if room < learners:
+            return (
+                f"needs {gang(learners, plural(per.gpus, kind + 'GPU'))}{where}; {free}, "
+                f"room for only {plural(room, 'such learner')}"
+            )
+    if per.cpus and pool.free_cpus + CPU_EPSILON < per.cpus * learners:
+        return (
+            f"needs {gang(learners, plural(per.cpus, 'CPU'))}{where}; "
+            f"{fmt_number(round(pool.free_cpus, 3))} CPUs free"
+        )
+    if per.memory_mb and pool.free_memory_mb < per.memory_mb * learners:
+        return (
+            f"needs {gang(learners, f'{per.memory_mb} MiB memory')}{where}; "
+            f"{pool.free_memory_mb} MiB free"
+        )
+    return (
+        f"needs {gang(learners, kind + describe(per))}{where}; no set of free nodes can "
+        f"hold them ({plural(pool.free_gpus, 'GPU')}, "
+        f"{fmt_number(round(pool.free_cpus, 3))} CPUs free)"
+    )
+
+
+def _describe_locality_shortfall(view: CapacityView, job: QueuedJob, kind: str) -> str:
+    label = job.same_label
+    assert label is not None
+    groups = view.label_groups(label)
+    if not groups:
+        return f"no schedulable node has a {label} label"
+    value, pool = max(groups.items(), key=lambda item: (item[1].free_gpus, item[1].free_cpus))
+    return _describe_pool_shortfall(
+        pool, job.per_learner, job.learners, kind, f" with {label}={value} (the most free)"
+    )

@@ -1,0 +1,488 @@
+"""The scheduling pass: ``schedule(snapshot) -> Decisions``, a pure function.
+
+Owns how the parts combine in one pass over the queue (priority, then FIFO):
+
+1. A job that could never fit the cluster waits with the reason and blocks nobody.
+2. A job over its tenant's quota is set aside for the borrowing step (5).
+3. Otherwise the job starts if its whole gang fits, subject to the constraints below.
+4. The first job that does not fit is the *head*. With preemption on, it may first preempt
+   borrowers and lower-priority jobs (see ``preemption``); if it does, it holds what it will
+   use (victims' capacity and any free capacity in its trial placement) and the next job
+   that does not fit becomes the head. A head that cannot preempt gets a *reservation*:
+   the earliest time its resources become free by expected ends (see ``eta.reserve``).
+   Backfill rule: a later job may start only if it is expected to end (by its own
+   ``expected_duration_s``) before the reservation time, or if it fits in what is free
+   both now and in the reservation's shadow (what is left at that time after the head's
+   share). When the reservation time is unknown, later jobs may only use nodes the head
+   could never use (wrong GPU type, too small for one learner, outside any label value
+   that could hold it). A blocked job that has waited longer than the aging threshold
+   fences off the nodes it could use in the same way, so nothing backfills past it onto
+   them. With ``backfill=False`` nothing starts after the head.
+5. Jobs over quota may borrow idle capacity on nodes that no waiting job within its
+   quota could use; otherwise they wait with the quota named.
+6. Every job that did not start gets its position, a reason and an ETA (``eta``).
+
+Preempted resources are not reused in the same pass: the victims must checkpoint first and
+the preemptor starts in a later pass once they are halted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ffdl.core.resources import Placement, Resources
+from ffdl.scheduler.eta import (
+    QueueSimulation,
+    Release,
+    Reservation,
+    backfill_view,
+    choice_usage,
+    refresh_backfill_node,
+    reserve,
+)
+from ffdl.scheduler.free import CapacityView, FreeState
+from ffdl.scheduler.placement import (
+    Choice,
+    ClusterShape,
+    assign,
+    describe_shortfall,
+    effective_policy,
+    find_nodes,
+    never_fits,
+    never_fits_on,
+    plural,
+    usable_nodes,
+)
+from ffdl.scheduler.preemption import (
+    VictimUsage,
+    choose_victims,
+    eligible_victims,
+    split_claim,
+    victim_usage,
+)
+from ffdl.scheduler.queue import (
+    DEFAULT_AGING_THRESHOLD_S,
+    AheadCounter,
+    behind_reason,
+    has_aged,
+    queue_order,
+)
+from ffdl.scheduler.quota import QuotaBook, borrowing_jobs
+from ffdl.scheduler.snapshot import (
+    Decisions,
+    Preempt,
+    QueuedJob,
+    RunningJob,
+    Snapshot,
+    Start,
+    Waiting,
+)
+
+__all__ = ["Plan", "never_fits", "plan", "schedule"]
+
+# Why a job did not start, decided during the walk; the words come at the end.
+_NEVER, _QUOTA, _PREEMPTING, _HEAD, _CAPACITY, _HELD = range(6)
+
+_ShapeKey = tuple[Resources, int, str | None, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The decisions of a pass, with what led to them (for tests, the simulator, the UI)."""
+
+    decisions: Decisions
+    reservation: Reservation | None = None
+    borrowed: tuple[str, ...] = ()  # jobs started on capacity beyond their tenant's quota
+
+
+def schedule(
+    snapshot: Snapshot,
+    *,
+    backfill: bool = True,
+    preemption: bool = True,
+    aging_threshold_s: float = DEFAULT_AGING_THRESHOLD_S,
+) -> Decisions:
+    """Decide which queued jobs start where, which running jobs to preempt, and why the
+    others wait. Pure: the same snapshot always gives the same decisions."""
+    return plan(
+        snapshot, backfill=backfill, preemption=preemption, aging_threshold_s=aging_threshold_s
+    ).decisions
+
+
+def plan(
+    snapshot: Snapshot,
+    *,
+    backfill: bool = True,
+    preemption: bool = True,
+    aging_threshold_s: float = DEFAULT_AGING_THRESHOLD_S,
+) -> Plan:
+    """``schedule`` with the head's reservation and the borrowing starts."""
+    return _Pass(snapshot, backfill, preemption, aging_threshold_s).run()
+
+
+def _shape(job: QueuedJob) -> _ShapeKey:
+    return (job.per_learner, job.learners, job.gpu_type, job.same_label)
+
+
+def _duration_words(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    if minutes < 1:
+        return "under 1 min"
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+@dataclass(slots=True)
+class _Hold:
+    """A preemptor's claim: what it takes from free capacity, and what victims hand over."""
+
+    job: QueuedJob
+    from_free: dict[str, Resources]
+    victims_left: Resources  # victims' resources it does not need, free once they halt
+    taken: Resources
+
+
+class _Pass:
+    def __init__(
+        self, snapshot: Snapshot, backfill: bool, preemption: bool, aging_threshold_s: float
+    ) -> None:
+        self.snap = snapshot
+        self.now = snapshot.now
+        self.backfill = backfill
+        self.preemption = preemption
+        self.aging_threshold_s = aging_threshold_s
+        self.state = FreeState(snapshot.nodes, snapshot.running)
+        self.shape = ClusterShape(snapshot.nodes)
+        self.quota = QuotaBook(snapshot.quotas, snapshot.running, snapshot.typical_duration_s)
+        self.borrowers = borrowing_jobs(snapshot.quotas, snapshot.running)
+        self.order = queue_order(snapshot.queued)
+        self.schedulable = {n.name for n in snapshot.nodes if n.schedulable}
+        self.starts: list[Start] = []
+        self.started: dict[str, QueuedJob] = {}
+        self.borrowed: list[str] = []
+        self.preemptions: list[Preempt] = []
+        self.victims: dict[str, RunningJob] = {}
+        self.holds: list[_Hold] = []
+        self.outcome: dict[str, tuple[int, str]] = {}
+        self.waiting_in_quota: list[QueuedJob] = []
+        self.never_cache: dict[_ShapeKey, str | None] = {}
+        self.usable_cache: dict[_ShapeKey, set[str]] = {}
+        self.no_fit_cache: dict[tuple[_ShapeKey, bool], tuple[int, int, int]] = {}
+        self.head: QueuedJob | None = None
+        self.reservation: Reservation | None = None
+        self.shadow: dict[str, Resources] = {}
+        self.long_view: CapacityView | None = None
+        self.excluded: set[str] = set()
+        self.closed = False  # nothing more may start in the main walk
+
+    # -- the walk ----------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        deferred: list[tuple[QueuedJob, str]] = []
+        for job in self.order:
+            never = self._never(job)
+            if never is not None:
+                self.outcome[job.id] = (_NEVER, never)
+                continue
+            over = self.quota.over_quota(job)
+            if over is not None:
+                deferred.append((job, over))
+                continue
+            if not self.closed:
+                short = self._is_short(job)
+                choice = self._try(job, short)
+                if choice is not None:
+                    self._start(job, choice, short)
+                    continue
+                if self.head is None:
+                    if self.preemption and self._preempt(job):
+                        continue
+                    self._become_head(job)
+                    self.waiting_in_quota.append(job)
+                    continue
+            self.outcome[job.id] = (_HELD if self._fits_now(job) else _CAPACITY, "")
+            self.waiting_in_quota.append(job)
+            if has_aged(job, self.now, self.aging_threshold_s):
+                self._fence(job)
+        self._borrow(deferred)
+        return Plan(
+            Decisions(tuple(self.starts), tuple(self.preemptions), self._waiting()),
+            self.reservation,
+            tuple(self.borrowed),
+        )
+
+    def _never(self, job: QueuedJob) -> str | None:
+        key = _shape(job)
+        if key not in self.never_cache:
+            self.never_cache[key] = never_fits_on(job, self.shape)
+        return self.never_cache[key]
+
+    def _is_short(self, job: QueuedJob) -> bool:
+        """Expected to end before the head's reserved time (so it cannot delay the head)."""
+        at = self.reservation.at if self.reservation is not None else None
+        return (
+            at is not None
+            and job.expected_duration_s is not None
+            and self.now + job.expected_duration_s <= at
+        )
+
+    def _try(self, job: QueuedJob, short: bool) -> Choice | None:
+        view: CapacityView = self.state
+        if self.long_view is not None and not short:
+            view = self.long_view
+        key = (_shape(job), short)
+        versions = (self.state.version, view.version, len(self.excluded))
+        if self.no_fit_cache.get(key) == versions:
+            return None
+        choice = find_nodes(
+            view, job, effective_policy(job, self.snap.default_placement), self.excluded or None
+        )
+        if choice is None:
+            self.no_fit_cache[key] = versions
+        return choice
+
+    def _fits_now(self, job: QueuedJob) -> bool:
+        """Whether it would fit what is free, ignoring reservations and fences."""
+        key = (_shape(job), True)
+        versions = (self.state.version, self.state.version, -1)
+        if self.no_fit_cache.get(key) == versions:
+            return False
+        policy = effective_policy(job, self.snap.default_placement)
+        if find_nodes(self.state, job, policy) is not None:
+            return True
+        self.no_fit_cache[key] = versions
+        return False
+
+    def _duration(self, job: QueuedJob) -> float | None:
+        return job.expected_duration_s or self.snap.typical_duration_s
+
+    def _start(self, job: QueuedJob, choice: Choice, short: bool) -> Placement:
+        placement = assign(self.state, job, choice)
+        self.starts.append(Start(job.id, placement))
+        self.started[job.id] = job
+        duration = self._duration(job)
+        self.quota.charge(
+            job.tenant, job.total.gpus, None if duration is None else self.now + duration
+        )
+        if self.long_view is not None:
+            for name, count in choice:
+                if not short:
+                    self.shadow[name] = self.shadow[name] - job.per_learner.scaled(count)
+                refresh_backfill_node(self.long_view, self.state, self.shadow, name)
+        return placement
+
+    # -- the head ----------------------------------------------------------------------
+
+    def _become_head(self, job: QueuedJob) -> None:
+        self.head = job
+        self.outcome[job.id] = (_HEAD, "")
+        if not self.backfill:
+            self.closed = True
+        policy = effective_policy(job, self.snap.default_placement)
+        self.reservation, shadow = reserve(job, policy, self.state, self._releases(), self.now)
+        if self.reservation.at is None:
+            self._fence(job)
+        elif self.backfill:
+            self.shadow = shadow
+            self.long_view = backfill_view(self.state, shadow)
+
+    def _releases(self) -> list[Release]:
+        releases = []
+        typical = self.snap.typical_duration_s
+        for running in self.snap.running:
+            if running.id in self.victims:
+                continue
+            duration = running.expected_duration_s or typical
+            usage: dict[str, Resources] = {}
+            for learner in running.placement.learners:
+                usage[learner.node] = usage.get(learner.node, Resources()) + running.per_learner
+            releases.append(
+                Release(
+                    running.id,
+                    None if duration is None else running.started_at + duration,
+                    tuple(usage.items()),
+                )
+            )
+        for start in self.starts:
+            job = self.started[start.job_id]
+            duration = self._duration(job)
+            usage = {}
+            for learner in start.placement.learners:
+                usage[learner.node] = usage.get(learner.node, Resources()) + job.per_learner
+            at = None if duration is None else self.now + duration
+            releases.append(Release(job.id, at, tuple(usage.items())))
+        for hold in self.holds:
+            duration = self._duration(hold.job)
+            at = None if duration is None else self.now + duration
+            releases.append(Release(hold.job.id, at, tuple(hold.from_free.items())))
+        return releases
+
+    def _fence(self, job: QueuedJob) -> None:
+        """Keep later jobs off every node ``job`` could use."""
+        key = _shape(job)
+        usable = self.usable_cache.get(key)
+        if usable is None:
+            usable = self.usable_cache[key] = usable_nodes(job, self.snap.nodes)
+        self.excluded |= usable
+        if self.excluded >= self.schedulable:
+            self.closed = True
+
+    # -- preemption --------------------------------------------------------------------
+
+    def _preempt(self, job: QueuedJob) -> bool:
+        candidates = eligible_victims(job, self.snap.running, set(self.victims), self.borrowers)
+        if not candidates:
+            return False
+        chosen = choose_victims(job, self.state, candidates)
+        if chosen is None:
+            return False
+        freed = victim_usage(chosen, self.state.free)
+        for name, (amount, ids) in freed.items():
+            self.state.release(name, amount, ids)
+        choice = find_nodes(self.state, job, effective_policy(job, self.snap.default_placement))
+        for name, (amount, ids) in freed.items():
+            self.state.claim(name, amount, ids)
+        if choice is None:
+            return False
+        self._hold(job, choice, freed)
+        for victim in chosen:
+            self.victims[victim.job.id] = victim.job
+            reason = f"preempted by {job.id}"
+            if victim.borrowing:
+                reason += f" to reclaim capacity it borrowed ({victim.borrowing})"
+            self.preemptions.append(Preempt(victim.job.id, job.id, reason))
+        borrowed = sum(1 for victim in chosen if victim.borrowing)
+        detail = f"waiting for {plural(len(chosen), 'preempted job')} to checkpoint"
+        if borrowed:
+            detail += f" ({borrowed} of them reclaimed from borrowed capacity)"
+        self.outcome[job.id] = (_PREEMPTING, detail)
+        return True
+
+    def _hold(self, job: QueuedJob, choice: Choice, freed: VictimUsage) -> None:
+        """Take what the preemptor's trial placement needs beyond the victims' share."""
+        from_free, victims_left = split_claim(choice_usage(job, choice), freed)
+        for name, extra in from_free.items():
+            self.state.claim(name, extra, self.state.free[name].gpu_ids[: extra.gpus])
+        self.holds.append(_Hold(job, from_free, victims_left, job.total))
+
+    # -- borrowing ---------------------------------------------------------------------
+
+    def _borrow(self, deferred: list[tuple[QueuedJob, str]]) -> None:
+        if not deferred:
+            return
+        fenced: set[str] = set()
+        shut = bool(self.waiting_in_quota) and not self.backfill
+        seen: set[_ShapeKey] = set()
+        for waiting in self.waiting_in_quota:
+            if shut or fenced >= self.schedulable:
+                shut = True
+                break
+            key = _shape(waiting)
+            if key not in seen:
+                seen.add(key)
+                usable = self.usable_cache.get(key)
+                if usable is None:
+                    usable = self.usable_cache[key] = usable_nodes(waiting, self.snap.nodes)
+                fenced |= usable
+        shut = shut or (bool(fenced) and fenced >= self.schedulable)
+        for job, over in deferred:
+            if shut:
+                self.outcome[job.id] = (
+                    _QUOTA,
+                    f"{over}; idle capacity cannot be borrowed while jobs within their "
+                    "quota wait for it",
+                )
+                continue
+            policy = effective_policy(job, self.snap.default_placement)
+            choice = find_nodes(self.state, job, policy, fenced or None)
+            if choice is not None:
+                self.borrowed.append(job.id)
+                self._start(job, choice, short=True)
+                continue
+            self.outcome[job.id] = (
+                _QUOTA,
+                f"{over}; it may borrow idle capacity, but {describe_shortfall(self.state, job)}",
+            )
+
+    # -- waiting reasons and ETAs ------------------------------------------------------
+
+    def _simulation(self) -> QueueSimulation:
+        free = Resources()
+        for name in self.schedulable:
+            item = self.state.free[name]
+            free = free + Resources(max(item.gpus, 0), max(item.cpus, 0.0), max(item.memory_mb, 0))
+        typical = self.snap.typical_duration_s
+        typical_used = typical is not None and (
+            any(r.expected_duration_s is None for r in self.snap.running)
+            or any(j.expected_duration_s is None for j in self.order)
+        )
+        sim = QueueSimulation(self.now, free, typical_used)
+        for running in self.snap.running:
+            if running.id in self.victims:
+                continue
+            on_pool = sum(1 for lp in running.placement.learners if lp.node in self.schedulable)
+            if on_pool:
+                duration = running.expected_duration_s or typical
+                end = None if duration is None else running.started_at + duration
+                sim.hold(running.per_learner.scaled(on_pool), end, running=True)
+        for job in self.started.values():
+            duration = self._duration(job)
+            sim.hold(job.total, None if duration is None else self.now + duration, running=True)
+        for hold in self.holds:
+            duration = self._duration(hold.job)
+            sim.release_now(hold.victims_left)
+            sim.hold(hold.taken, None if duration is None else self.now + duration, running=True)
+        return sim
+
+    def _head_words(self, job: QueuedJob) -> str:
+        shortfall = describe_shortfall(self.state, job)
+        reservation = self.reservation
+        if reservation is None or reservation.at is None:
+            return f"{shortfall}; no running job it waits for has an expected end"
+        names = reservation.waiting_for
+        who = (
+            names[0] if len(names) == 1 else f"{names[0]} and {plural(len(names) - 1, 'other job')}"
+        )
+        when = _duration_words(reservation.at - self.now)
+        return f"{shortfall}; reserved: waiting for {who} to finish (expected in {when})"
+
+    def _waiting(self) -> tuple[Waiting, ...]:
+        sim = self._simulation()
+        counter = AheadCounter()
+        shortfalls: dict[_ShapeKey, str] = {}
+        out: list[Waiting] = []
+        for job in self.order:
+            if job.id in self.started:
+                continue
+            kind, detail = self.outcome[job.id]
+            higher, earlier = counter.ahead_of(job)
+            counter.add_waiting()
+            eta: float | None
+            if kind == _NEVER:
+                eta, eta_reason = None, "it can never fit this cluster"
+                reason = detail
+            elif kind == _PREEMPTING:
+                eta, eta_reason = 0.0, "starts once the preempted jobs have checkpointed"
+                reason = detail
+            elif kind == _QUOTA:
+                at, eta_reason = self.quota.within_quota_at(job, self.now)
+                eta = None if at is None else max(at, sim.clock) - self.now
+                reason = detail
+            else:
+                not_before = None
+                if kind == _HEAD:
+                    reason = self._head_words(job)
+                    if self.reservation is not None:
+                        not_before = self.reservation.at
+                elif kind == _HELD:
+                    reason = behind_reason(higher, earlier)
+                else:
+                    key = _shape(job)
+                    if key not in shortfalls:
+                        shortfalls[key] = describe_shortfall(self.state, job)
+                    reason = shortfalls[key]
+                eta, eta_reason = sim.admit(job.total, self._duration(job), not_before)
+            out.append(Waiting(job.id, len(out) + 1, reason, eta, eta_reason))
+        return tuple(out)

@@ -1,0 +1,96 @@
+"""The scheduler's input and output: an immutable snapshot of the cluster and the decisions.
+
+The live scheduler loop builds a ``Snapshot`` from the store and the backend's nodes; the
+simulator builds one from its virtual cluster. Both hand it to the same pure ``schedule``
+function and apply the ``Decisions`` it returns. Times are seconds on whatever clock the
+caller uses (wall clock live, virtual clock in the simulator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ffdl.core.resources import Node, Placement, Resources
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    id: str
+    tenant: str
+    priority: int  # 0..100, higher first
+    submitted_at: float
+    learners: int
+    per_learner: Resources
+    gpu_type: str | None = None
+    placement_policy: str | None = None  # "pack" | "spread" | None (cluster default)
+    same_label: str | None = None  # locality: all learners share one value of this label
+    expected_duration_s: float | None = None
+
+    @property
+    def total(self) -> Resources:
+        return self.per_learner.scaled(self.learners)
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    id: str
+    tenant: str
+    priority: int
+    started_at: float
+    learners: int
+    per_learner: Resources
+    placement: Placement
+    expected_duration_s: float | None = None
+    preemptible: bool = True
+
+    @property
+    def total(self) -> Resources:
+        return self.per_learner.scaled(self.learners)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQuota:
+    tenant: str
+    max_gpus: int | None = None
+    max_running_jobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    nodes: tuple[Node, ...]
+    queued: tuple[QueuedJob, ...]
+    running: tuple[RunningJob, ...] = ()
+    quotas: dict[str, TenantQuota] = field(default_factory=dict)
+    default_placement: str = "pack"
+    # Historical median run time (seconds) used for ETAs when a job gives no hint.
+    typical_duration_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    job_id: str
+    placement: Placement
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    job_id: str
+    by: str  # the job that needs the resources
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    job_id: str
+    position: int  # 1-based position in the queue
+    reason: str  # in words a user understands
+    eta_s: float | None = None  # estimated seconds until start, None when unknown
+    eta_reason: str = ""  # why the ETA is what it is (or why it is unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    starts: tuple[Start, ...] = ()
+    preemptions: tuple[Preempt, ...] = ()
+    waiting: tuple[Waiting, ...] = ()

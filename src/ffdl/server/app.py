@@ -1,0 +1,119 @@
+"""The ASGI application: routers, error rendering, and the lifespan that runs the loops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ffdl.backends.base import Backend
+from ffdl.backends.local import LocalBackend
+from ffdl.core.errors import FfdlError
+from ffdl.server.auth import JobTokens, bootstrap, load_or_create_secret
+from ffdl.server.loops.lcm import lcm_pass
+from ffdl.server.loops.monitor import monitor_pass
+from ffdl.server.loops.runner import run_forever
+from ffdl.server.loops.scheduler import SchedulerLoop
+from ffdl.server.platform import Platform
+from ffdl.server.routers import health, internal, logs, models, stream
+from ffdl.server.routers.health import ffdl_version
+from ffdl.server.settings import Settings
+from ffdl.server.store.db import Store
+
+log = logging.getLogger("ffdl.server")
+
+
+def build_platform(settings: Settings, backend: Backend | None = None) -> Platform:
+    settings.home.mkdir(parents=True, exist_ok=True)
+    settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(settings.db_url)
+    store.create_all()
+    bootstrap(store, settings)
+    return Platform(
+        settings=settings,
+        store=store,
+        backend=backend or LocalBackend(settings),
+        job_tokens=JobTokens(load_or_create_secret(settings.home)),
+    )
+
+
+def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
+    platform = build_platform(settings, backend)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        platform.wakeups.bind(asyncio.get_running_loop())
+        loops: list[tuple[str, Callable[[], object], float]] = [
+            ("scheduler", SchedulerLoop(platform), settings.scheduler_interval_s),
+            ("lcm", lambda: lcm_pass(platform), settings.lcm_interval_s),
+            ("monitor", lambda: monitor_pass(platform), settings.monitor_interval_s),
+        ]
+        tasks = [
+            asyncio.create_task(run_forever(name, step, interval, platform.wakeups), name=name)
+            for name, step, interval in loops
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            platform.store.dispose()
+
+    app = FastAPI(
+        title="ffdl",
+        version=ffdl_version(),
+        description="Fabric for Deep Learning: submit, schedule, run and follow training jobs.",
+        lifespan=lifespan,
+    )
+    app.state.platform = platform
+    for module in (health, models, stream, logs, internal):
+        app.include_router(module.router)
+    _install_error_handlers(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(FfdlError)
+    async def ffdl_error(_request: Request, exc: FfdlError) -> JSONResponse:
+        return JSONResponse(status_code=exc.http_status, content=exc.to_json())
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query"))
+            problems.append({"field": where, "reason": err.get("msg", "invalid")})
+        first = problems[0] if problems else {"field": "", "reason": "invalid request"}
+        return JSONResponse(
+            status_code=400,
+            content={
+                "error": f"invalid request: {first['field']}: {first['reason']}",
+                "code": "C100",
+                "detail": problems,
+            },
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            status_code=exc.status_code,
+            content={"error": str(exc.detail), "code": f"H{exc.status_code}", "detail": None},
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return JSONResponse(
+            status_code=500,
+            content={"error": "internal server error", "code": "E500", "detail": None},
+        )

@@ -1,0 +1,339 @@
+"""The lifecycle manager: deploys placed jobs, carries out halts and cancellations.
+
+Deploying is a list of idempotent steps recorded in ``deploy_steps`` per attempt, so a
+manager that crashed mid-deploy resumes where it stopped without starting a learner twice
+(``Backend.launch`` is itself idempotent for the step that was running when it crashed).
+No backend call is made while a database session is open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ffdl.backends.base import LaunchRequest, LearnerState
+from ffdl.core.errors import FfdlError, IllegalTransition
+from ffdl.core.manifest import Manifest
+from ffdl.core.resources import Placement
+from ffdl.core.status import TERMINAL_LEARNER_STATES, ErrorCode, JobStatus, LearnerStatus
+from ffdl.learner.spec import DataMount, LearnerSpec
+from ffdl.server.loops.scheduler import PREEMPTED
+from ffdl.server.platform import Platform
+from ffdl.server.services.aggregate import aggregate_job
+from ffdl.server.services.archive import unpack_archive
+from ffdl.server.services.jobdirs import JobDirs
+from ffdl.server.store.models import DeployStep, Job, Learner
+from ffdl.server.store.transitions import set_job_status, set_learner_status, utcnow
+
+log = logging.getLogger("ffdl.lcm")
+
+
+def lcm_pass(platform: Platform) -> None:
+    with platform.store.read() as session:
+        to_cancel = session.scalars(select(Job.id).where(Job.desired == "cancel")).all()
+        to_deploy = session.scalars(
+            select(Job.id).where(Job.status == JobStatus.PENDING.value, Job.desired.is_(None))
+        ).all()
+        halting = session.scalars(select(Job.id).where(Job.status == JobStatus.HALTING.value)).all()
+        preempted = session.scalars(
+            select(Job.id).where(Job.status == JobStatus.HALTED.value, Job.desired == PREEMPTED)
+        ).all()
+    for job_id in to_cancel:
+        cancel(platform, job_id)
+    for job_id in to_deploy:
+        deploy(platform, job_id)
+    for job_id in halting:
+        halt(platform, job_id)
+    if preempted:
+        requeue_preempted(platform, list(preempted))
+
+
+# -- deploy -------------------------------------------------------------------------------
+
+
+def _done_steps(platform: Platform, job_id: str, attempt: int) -> set[str]:
+    with platform.store.read() as session:
+        return set(
+            session.scalars(
+                select(DeployStep.step).where(
+                    DeployStep.job_id == job_id, DeployStep.attempt == attempt
+                )
+            )
+        )
+
+
+def _record_step(platform: Platform, job_id: str, attempt: int, step: str) -> None:
+    with platform.store.write() as session:
+        if session.get(DeployStep, (job_id, attempt, step)) is None:
+            session.add(DeployStep(job_id=job_id, attempt=attempt, step=step, done_at=utcnow()))
+
+
+def deploy(platform: Platform, job_id: str) -> None:
+    with platform.store.read() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.status != JobStatus.PENDING.value:
+            return
+        attempt, manifest = job.attempt, Manifest.from_dict(job.manifest)
+        placement = Placement.from_json(job.placement or [])
+        master_port = job.master_port
+    dirs = JobDirs.of(platform.settings.jobs_dir, job_id)
+    done = _done_steps(platform, job_id, attempt)
+    try:
+        if "prepare" not in done:
+            dirs.create(manifest.learners)
+            unpack_archive(dirs.archive, dirs.code)
+            _record_results_location(platform, job_id, _results_target(manifest, job_id, dirs))
+            _record_step(platform, job_id, attempt, "prepare")
+        for lp in placement.learners:
+            step = f"learner-{lp.learner}"
+            if step in done:
+                continue
+            spec = build_spec(
+                platform, job_id, manifest, placement, lp.learner, attempt, master_port, dirs
+            )
+            _ensure_learner_row(platform, job_id, lp.learner, attempt, lp.node, lp.gpu_ids)
+            handle = platform.backend.launch(LaunchRequest(lp.node, lp.gpu_ids, spec))
+            with platform.store.write() as session:
+                learner = _learner(session, job_id, lp.learner, attempt)
+                if learner is not None:
+                    learner.handle = handle
+                if session.get(DeployStep, (job_id, attempt, step)) is None:
+                    session.add(
+                        DeployStep(job_id=job_id, attempt=attempt, step=step, done_at=utcnow())
+                    )
+    except (OSError, FfdlError) as exc:
+        log.warning("deploy of %s failed: %s", job_id, exc)
+        _fail(platform, job_id, f"deploy failed: {exc}", ErrorCode.DEPLOY_FAILED.value)
+
+
+def _results_target(manifest: Manifest, job_id: str, dirs: JobDirs) -> Path | None:
+    store = manifest.data_store()
+    if store is None or store.training_results is None or "path" not in store.connection:
+        return None
+    return Path(store.connection["path"]) / store.training_results.container / job_id
+
+
+def _record_results_location(platform: Platform, job_id: str, target: Path | None) -> None:
+    location = target or JobDirs.of(platform.settings.jobs_dir, job_id).results
+    with platform.store.write() as session:
+        job = session.get(Job, job_id)
+        if job is not None:
+            job.results_location = str(location)
+
+
+def build_spec(
+    platform: Platform,
+    job_id: str,
+    manifest: Manifest,
+    placement: Placement,
+    learner: int,
+    attempt: int,
+    master_port: int | None,
+    dirs: JobDirs,
+) -> LearnerSpec:
+    settings = platform.settings
+    me = next(lp for lp in placement.learners if lp.learner == learner)
+    nodes = {n.name: n for n in platform.backend.nodes()}
+    node = nodes.get(me.node)
+    real_gpus = node is not None and node.gpu_type != "cpu"
+    env = {
+        "PATH": settings.learner_path,
+        "LANG": "C.UTF-8",
+        "HOME": str(dirs.home),
+        "PYTHONUNBUFFERED": "1",
+        "DATA_DIR": str(dirs.data),
+        "RESULT_DIR": str(dirs.results),
+        "MODEL_DIR": str(dirs.code),
+        "LOG_DIR": str(dirs.logs(learner)),
+        "CHECKPOINT_DIR": str(dirs.checkpoints),
+        "JOB_STATE_DIR": str(dirs.state),
+        "LEARNER_ID": str(learner),
+        "NUM_LEARNERS": str(manifest.learners),
+        "TRAINING_ID": job_id,
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in me.gpu_ids) if real_gpus else "",
+        "FFDL_GPUS": str(manifest.gpus * manifest.learners),
+    }
+    if manifest.learners > 1 and master_port is not None:
+        same_node = [lp.learner for lp in placement.learners if lp.node == me.node]
+        env.update(
+            {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(master_port),
+                "WORLD_SIZE": str(manifest.learners),
+                "RANK": str(learner - 1),
+                "LOCAL_RANK": str(sorted(same_node).index(learner)),
+            }
+        )
+    if manifest.elastic is not None and manifest.elastic.batch_size is not None:
+        env["FFDL_BATCH_SIZE"] = str(manifest.elastic.batch_size.min)
+    data: list[DataMount] = []
+    store = manifest.data_store()
+    if store is not None and store.training_data is not None and "path" in store.connection:
+        source = Path(store.connection["path"]) / store.training_data.container
+        data.append(DataMount(kind=store.type, source=str(source), target=str(dirs.data)))
+    results_target = _results_target(manifest, job_id, dirs) if learner == 1 else None
+    groups = {}
+    if manifest.evaluation_metrics is not None:
+        groups = {
+            name: group.model_dump() for name, group in manifest.evaluation_metrics.groups.items()
+        }
+    return LearnerSpec(
+        training_id=job_id,
+        learner=learner,
+        num_learners=manifest.learners,
+        attempt=attempt,
+        api_url=settings.api_url,
+        job_token=platform.job_tokens.issue(job_id),
+        command=manifest.framework.command,
+        workdir=str(dirs.code),
+        env=env,
+        data=data,
+        results_source=str(dirs.results),
+        results_target=str(results_target) if results_target else None,
+        emetrics_file=str(dirs.logs(learner) / "emetrics.jsonl"),
+        metric_groups=groups,
+        state_dir=str(dirs.controller(learner, attempt)),
+        halt_grace_s=settings.halt_grace_s,
+        heartbeat_s=settings.heartbeat_s,
+        report_deadline_s=settings.report_deadline_s,
+    )
+
+
+def _learner(session: Session, job_id: str, index: int, attempt: int) -> Learner | None:
+    return session.scalars(
+        select(Learner).where(
+            Learner.job_id == job_id, Learner.index == index, Learner.attempt == attempt
+        )
+    ).first()
+
+
+def _ensure_learner_row(
+    platform: Platform, job_id: str, index: int, attempt: int, node: str, gpu_ids: tuple[int, ...]
+) -> None:
+    with platform.store.write() as session:
+        if _learner(session, job_id, index, attempt) is None:
+            session.add(
+                Learner(
+                    job_id=job_id,
+                    index=index,
+                    attempt=attempt,
+                    status=LearnerStatus.PENDING.value,
+                    node=node,
+                    gpu_ids=list(gpu_ids),
+                    updated_at=utcnow(),
+                )
+            )
+
+
+def _fail(platform: Platform, job_id: str, reason: str, code: str) -> None:
+    with platform.store.write() as session:
+        job = session.get(Job, job_id)
+        if job is not None:
+            with contextlib.suppress(IllegalTransition):
+                set_job_status(session, job, JobStatus.FAILED, reason, error_code=code)
+    platform.wakeups.notify("monitor", "scheduler")
+
+
+# -- halt, cancel, requeue ------------------------------------------------------------------
+
+
+def _live_learners(platform: Platform, job_id: str) -> list[tuple[int, dict[str, object]]]:
+    with platform.store.read() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return []
+        rows = session.scalars(
+            select(Learner).where(Learner.job_id == job_id, Learner.attempt == job.attempt)
+        ).all()
+        return [
+            (lr.index, dict(lr.handle or {}))
+            for lr in rows
+            if LearnerStatus(lr.status) not in TERMINAL_LEARNER_STATES
+        ]
+
+
+def halt(platform: Platform, job_id: str) -> None:
+    """Signal the learners once; after the grace period, kill what is left; then HALTED."""
+    with platform.store.read() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.status != JobStatus.HALTING.value:
+            return
+        attempt, since = job.attempt, job.status_changed_at
+    launched = [(i, h) for i, h in _live_learners(platform, job_id) if h]
+    if launched and "halt-signal" not in _done_steps(platform, job_id, attempt):
+        for _index, handle in launched:
+            platform.backend.signal_halt(handle)
+        _record_step(platform, job_id, attempt, "halt-signal")
+    overdue = utcnow() - since > timedelta(seconds=platform.settings.halt_grace_s + 10)
+    if launched and not overdue:
+        return  # the learners report HALTED themselves; the report path finishes the job
+    for _index, handle in launched:
+        platform.backend.kill(handle)
+    _finish_learners(platform, job_id, LearnerStatus.HALTED, "halted")
+    with platform.store.write() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.status != JobStatus.HALTING.value:
+            return
+        learners = list(
+            session.scalars(
+                select(Learner).where(Learner.job_id == job_id, Learner.attempt == job.attempt)
+            )
+        )
+        if learners:
+            aggregate_job(session, job, learners)
+        else:
+            set_job_status(session, job, JobStatus.HALTED, job.reason or "halted")
+    platform.wakeups.notify("scheduler")
+
+
+def cancel(platform: Platform, job_id: str) -> None:
+    for _index, handle in _live_learners(platform, job_id):
+        if handle:
+            platform.backend.kill(handle)
+    _finish_learners(platform, job_id, LearnerStatus.CANCELLED, "cancelled by user")
+    with platform.store.write() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return
+        job.desired = None
+        # A job that finished on its own meanwhile keeps its own final status.
+        with contextlib.suppress(IllegalTransition):
+            set_job_status(session, job, JobStatus.CANCELLED, "cancelled by user")
+    platform.wakeups.notify("scheduler")
+
+
+def _finish_learners(platform: Platform, job_id: str, target: LearnerStatus, reason: str) -> None:
+    live = _live_learners(platform, job_id)
+    still_running = [
+        index
+        for index, handle in live
+        if handle and platform.backend.poll(handle).state == LearnerState.RUNNING
+    ]
+    with platform.store.write() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return
+        for lr in session.scalars(
+            select(Learner).where(Learner.job_id == job_id, Learner.attempt == job.attempt)
+        ):
+            if lr.index in still_running:
+                continue
+            if LearnerStatus(lr.status) not in TERMINAL_LEARNER_STATES:
+                set_learner_status(session, lr, target, reason)
+
+
+def requeue_preempted(platform: Platform, job_ids: list[str]) -> None:
+    with platform.store.write() as session:
+        for job_id in job_ids:
+            job = session.get(Job, job_id)
+            if job is None or job.status != JobStatus.HALTED.value or job.desired != PREEMPTED:
+                continue
+            job.desired = None
+            job.placement = None
+            set_job_status(session, job, JobStatus.QUEUED, f"requeued after: {job.reason}")
+    platform.wakeups.notify("scheduler")

@@ -1,0 +1,162 @@
+"""The job monitor: notices silent controllers and stops the leftovers of finished jobs.
+
+A learner whose controller has been quiet for a few heartbeats is polled on the backend:
+a controller that exited leaves its final result, which is applied as if reported; one
+that vanished fails the learner (and so the job) with S201; one that runs but stays silent
+past the heartbeat timeout is killed and failed. Learners still alive in a job that has
+already ended (e.g. the others of a failed gang) are killed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+
+from ffdl.backends.base import LearnerState
+from ffdl.core.errors import IllegalTransition
+from ffdl.core.status import (
+    TERMINAL_JOB_STATES,
+    TERMINAL_LEARNER_STATES,
+    ErrorCode,
+    JobStatus,
+    LearnerStatus,
+)
+from ffdl.server.platform import Platform
+from ffdl.server.services.aggregate import aggregate_job
+from ffdl.server.store.models import Job, Learner
+from ffdl.server.store.transitions import set_learner_status, utcnow
+
+
+@dataclass(frozen=True, slots=True)
+class _Watch:
+    job_id: str
+    index: int
+    attempt: int
+    handle: dict[str, Any]
+    silent_s: float
+    job_ended: bool
+
+
+def monitor_pass(platform: Platform) -> None:
+    settings = platform.settings
+    quiet_after = timedelta(seconds=max(2 * settings.heartbeat_s, 1.0))
+    now = utcnow()
+    live = [s.value for s in LearnerStatus if s not in TERMINAL_LEARNER_STATES]
+    watches: list[_Watch] = []
+    with platform.store.read() as session:
+        rows = session.execute(
+            select(Learner, Job.status, Job.attempt)
+            .join(Job, Job.id == Learner.job_id)
+            .where(Learner.status.in_(live))
+        ).all()
+        for learner, job_status, job_attempt in rows:
+            ended = JobStatus(job_status) in TERMINAL_JOB_STATES or learner.attempt != job_attempt
+            last = learner.last_heartbeat or learner.updated_at
+            if ended or now - last > quiet_after:
+                watches.append(
+                    _Watch(
+                        learner.job_id,
+                        learner.index,
+                        learner.attempt,
+                        dict(learner.handle or {}),
+                        (now - last).total_seconds(),
+                        ended,
+                    )
+                )
+    changed = False
+    for watch in watches:
+        changed |= _check(platform, watch)
+    if changed:
+        platform.wakeups.notify("scheduler", "lcm")
+
+
+def _check(platform: Platform, watch: _Watch) -> bool:
+    settings = platform.settings
+    if not watch.handle:
+        # Not launched yet: the deploy timeout covers a launch that never happens.
+        if watch.silent_s > settings.deploy_timeout_s or watch.job_ended:
+            reason = "stopped: job ended" if watch.job_ended else "learner was never launched"
+            return _settle(platform, watch, LearnerStatus.FAILED, reason, None, None)
+        return False
+    if watch.job_ended:
+        platform.backend.kill(watch.handle)
+        return _settle(platform, watch, LearnerStatus.CANCELLED, "stopped: job ended", None, None)
+    polled = platform.backend.poll(watch.handle)
+    if polled.state == LearnerState.RUNNING:
+        if watch.silent_s <= settings.heartbeat_timeout_s:
+            return False
+        platform.backend.kill(watch.handle)
+        reason = f"controller silent for {watch.silent_s:.0f}s; killed"
+        return _settle(
+            platform, watch, LearnerStatus.FAILED, reason, ErrorCode.CONTROLLER_LOST.value, None
+        )
+    if polled.state == LearnerState.EXITED and polled.result:
+        result = polled.result
+        try:
+            target = LearnerStatus(str(result.get("status")))
+        except ValueError:
+            target = LearnerStatus.FAILED
+        exit_code = result.get("exit_code")
+        return _settle(
+            platform,
+            watch,
+            target,
+            str(result.get("reason") or ""),
+            result.get("error_code"),
+            int(exit_code) if isinstance(exit_code, int) else None,
+        )
+    return _settle(
+        platform,
+        watch,
+        LearnerStatus.FAILED,
+        f"controller of learner {watch.index} is gone without a result",
+        ErrorCode.CONTROLLER_LOST.value,
+        None,
+    )
+
+
+def _settle(
+    platform: Platform,
+    watch: _Watch,
+    target: LearnerStatus,
+    reason: str,
+    error_code: str | None,
+    exit_code: int | None,
+) -> bool:
+    with platform.store.write() as session:
+        learner = session.scalars(
+            select(Learner).where(
+                Learner.job_id == watch.job_id,
+                Learner.index == watch.index,
+                Learner.attempt == watch.attempt,
+            )
+        ).first()
+        job = session.get(Job, watch.job_id)
+        if learner is None or job is None:
+            return False
+        if LearnerStatus(learner.status) in TERMINAL_LEARNER_STATES:
+            return False  # it reported meanwhile
+        try:
+            set_learner_status(
+                session, learner, target, reason, exit_code=exit_code, error_code=error_code
+            )
+        except IllegalTransition:
+            set_learner_status(
+                session,
+                learner,
+                LearnerStatus.FAILED,
+                reason,
+                exit_code=exit_code,
+                error_code=error_code,
+            )
+        if learner.attempt == job.attempt:
+            learners = list(
+                session.scalars(
+                    select(Learner).where(Learner.job_id == job.id, Learner.attempt == job.attempt)
+                )
+            )
+            aggregate_job(session, job, learners)
+    return True

@@ -1,0 +1,208 @@
+"""The scheduler loop: snapshot the queue and the cluster, call the pure scheduler, apply.
+
+Starts move QUEUED jobs to PENDING with their placement; preemptions ask victims to halt
+(they are requeued once HALTED); every job left waiting gets its position, reason and ETA.
+The snapshot reads plain columns (no ORM objects, no manifests) and the loop only writes
+queue information that changed since it last wrote it, so a pass over thousands of queued
+jobs stays cheap.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Row, Table, bindparam, select, update
+
+from ffdl.core.resources import Placement, Resources
+from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
+from ffdl.scheduler.policy import schedule
+from ffdl.scheduler.snapshot import Decisions, QueuedJob, RunningJob, Snapshot, TenantQuota
+from ffdl.server.platform import Platform
+from ffdl.server.services.snapshots import epoch
+from ffdl.server.store.models import Job, Tenant
+from ffdl.server.store.transitions import set_job_status
+
+# Set on a job that the scheduler halted to make room; the LCM requeues it once HALTED.
+PREEMPTED = "preempt"
+_PREEMPTIBLE = frozenset(
+    {JobStatus.PENDING.value, JobStatus.DOWNLOADING.value, JobStatus.PROCESSING.value}
+)
+# Queue info is rewritten when the ETA moves by more than this many seconds.
+_ETA_SLACK_S = 5.0
+
+_COLUMNS = (
+    Job.id,
+    Job.tenant_id,
+    Job.priority,
+    Job.submitted_at,
+    Job.learners,
+    Job.gpus,
+    Job.cpus,
+    Job.memory_mb,
+    Job.gpu_type,
+    Job.placement_policy,
+    Job.same_label,
+    Job.expected_duration_s,
+    Job.started_at,
+    Job.status_changed_at,
+    Job.placement,
+)
+
+QueueInfo = tuple[int | None, str, float | None]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _queued(row: Row[Any]) -> QueuedJob:
+    return QueuedJob(
+        id=row.id,
+        tenant=row.tenant_id,
+        priority=row.priority,
+        submitted_at=epoch(row.submitted_at),
+        learners=row.learners,
+        per_learner=Resources(row.gpus, row.cpus, row.memory_mb),
+        gpu_type=row.gpu_type,
+        placement_policy=row.placement_policy,
+        same_label=row.same_label,
+        expected_duration_s=row.expected_duration_s,
+    )
+
+
+def _running(row: Row[Any]) -> RunningJob:
+    return RunningJob(
+        id=row.id,
+        tenant=row.tenant_id,
+        priority=row.priority,
+        started_at=epoch(row.started_at or row.status_changed_at),
+        learners=row.learners,
+        per_learner=Resources(row.gpus, row.cpus, row.memory_mb),
+        placement=Placement.from_json(row.placement or []),
+        expected_duration_s=row.expected_duration_s,
+    )
+
+
+class SchedulerLoop:
+    """One scheduler pass per call; remembers what queue info it wrote last."""
+
+    def __init__(self, platform: Platform) -> None:
+        self._platform = platform
+        # job id -> (status_changed_at, queue info) as last written by this process
+        self._written: dict[str, tuple[datetime, QueueInfo]] = {}
+
+    def __call__(self) -> None:
+        snapshot, changed_at = self.snapshot()
+        if not snapshot.queued:
+            self._written.clear()
+            return
+        if self.apply(schedule(snapshot), snapshot.now, changed_at):
+            self._platform.wakeups.notify("lcm")
+
+    def snapshot(self) -> tuple[Snapshot, dict[str, datetime]]:
+        platform = self._platform
+        holding = [s.value for s in HOLDING_JOB_STATES]
+        with platform.store.read() as session:
+            queued = session.execute(
+                select(*_COLUMNS).where(Job.status == JobStatus.QUEUED.value)
+            ).all()
+            running = session.execute(select(*_COLUMNS).where(Job.status.in_(holding))).all()
+            tenants = session.scalars(select(Tenant)).all()
+        snapshot = Snapshot(
+            now=time.time(),
+            nodes=tuple(platform.backend.nodes()),
+            queued=tuple(_queued(row) for row in queued),
+            running=tuple(_running(row) for row in running),
+            quotas={
+                t.id: TenantQuota(t.id, t.max_gpus, t.max_running_jobs)
+                for t in tenants
+                if t.max_gpus is not None or t.max_running_jobs is not None
+            },
+            default_placement=platform.settings.default_placement,
+        )
+        return snapshot, {row.id: row.status_changed_at for row in queued}
+
+    def apply(self, decisions: Decisions, now: float, changed_at: dict[str, datetime]) -> bool:
+        """Write the decisions; returns True if any job was started or preempted."""
+        acted = False
+        updates = self._queue_updates(decisions, now, changed_at)
+        if not (decisions.starts or decisions.preemptions or updates):
+            return False
+        with self._platform.store.write() as session:
+            for start in decisions.starts:
+                job = session.get(Job, start.job_id)
+                if job is None or job.status != JobStatus.QUEUED.value:
+                    continue  # halted or deleted since the snapshot
+                job.placement = start.placement.to_json()
+                job.attempt += 1
+                job.master_port = free_port() if job.learners > 1 else None
+                nodes = ", ".join(start.placement.nodes)
+                set_job_status(session, job, JobStatus.PENDING, f"placed on {nodes}")
+                acted = True
+            for preemption in decisions.preemptions:
+                job = session.get(Job, preemption.job_id)
+                if job is None or job.status not in _PREEMPTIBLE:
+                    continue
+                job.desired = PREEMPTED
+                set_job_status(session, job, JobStatus.HALTING, preemption.reason)
+                acted = True
+            if updates:
+                # Queue info is not a status change: no event, and only still-QUEUED rows.
+                table = Job.__table__
+                assert isinstance(table, Table)
+                session.connection().execute(
+                    update(table)
+                    .where(
+                        table.c.id == bindparam("b_id"),
+                        table.c.status == JobStatus.QUEUED.value,
+                    )
+                    .values(
+                        queue_position=bindparam("b_position"),
+                        reason=bindparam("b_reason"),
+                        queue_eta_at=bindparam("b_eta_at"),
+                    ),
+                    updates,
+                )
+        for start in decisions.starts:
+            self._written.pop(start.job_id, None)
+        return acted
+
+    def _queue_updates(
+        self, decisions: Decisions, now: float, changed_at: dict[str, datetime]
+    ) -> list[dict[str, Any]]:
+        updates = []
+        live: dict[str, tuple[datetime, QueueInfo]] = {}
+        for waiting in decisions.waiting:
+            stamp = changed_at.get(waiting.job_id)
+            if stamp is None:
+                continue
+            eta_at = None if waiting.eta_s is None else now + waiting.eta_s
+            info: QueueInfo = (waiting.position, waiting.reason, eta_at)
+            previous = self._written.get(waiting.job_id)
+            if previous is not None and previous[0] == stamp and _same(previous[1], info):
+                live[waiting.job_id] = previous
+                continue
+            live[waiting.job_id] = (stamp, info)
+            updates.append(
+                {
+                    "b_id": waiting.job_id,
+                    "b_position": info[0],
+                    "b_reason": info[1],
+                    "b_eta_at": info[2],
+                }
+            )
+        self._written = live
+        return updates
+
+
+def _same(a: QueueInfo, b: QueueInfo) -> bool:
+    if a[0] != b[0] or a[1] != b[1]:
+        return False
+    if a[2] is None or b[2] is None:
+        return a[2] is b[2]
+    return abs(a[2] - b[2]) <= _ETA_SLACK_S

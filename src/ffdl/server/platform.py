@@ -1,0 +1,48 @@
+"""The running platform's parts, built once by the app and shared by routers and loops."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+from ffdl.backends.base import Backend
+from ffdl.server.auth import JobTokens
+from ffdl.server.settings import Settings
+from ffdl.server.store.db import Store
+
+
+class Wakeups:
+    """Named wake-up signals for the loops, safe to fire from request threads."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: dict[str, asyncio.Event] = {}
+        self._lock = threading.Lock()
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def event(self, name: str) -> asyncio.Event:
+        with self._lock:
+            return self._events.setdefault(name, asyncio.Event())
+
+    def notify(self, *names: str) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        for name in names:
+            ev = self.event(name)
+            try:
+                loop.call_soon_threadsafe(ev.set)
+            except RuntimeError:  # loop shut down between the check and the call
+                return
+
+
+@dataclass
+class Platform:
+    settings: Settings
+    store: Store
+    backend: Backend
+    job_tokens: JobTokens
+    wakeups: Wakeups = field(default_factory=Wakeups)

@@ -1,0 +1,134 @@
+"""``/v1/models``: FfDL's training job resource."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Query, Response, UploadFile
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from ffdl.core.errors import BadRequest, NotFound, PayloadTooLarge
+from ffdl.server.routers.deps import PlatformDep, PrincipalDep
+from ffdl.server.services import control
+from ffdl.server.services.archive import zip_directory
+from ffdl.server.services.jobdirs import JobDirs
+from ffdl.server.services.queries import list_jobs, load_job, model_detail, model_summary
+from ffdl.server.services.submit import submit_job
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+
+
+class ModelPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    status: str | None = None
+    priority: Any = None
+    gpus: Any = None
+
+
+def _read_limited(upload: UploadFile, limit: int, field: str) -> bytes:
+    data = upload.file.read(limit + 1)
+    if len(data) > limit:
+        raise PayloadTooLarge(f"{field} exceeds {limit} bytes", detail={"field": field})
+    return data
+
+
+@router.post("", status_code=201)
+def create_model(
+    platform: PlatformDep,
+    principal: PrincipalDep,
+    manifest: Annotated[UploadFile, File(description="FfDL manifest (YAML)")],
+    model_definition: Annotated[UploadFile, File(description="zip of the training code")],
+) -> JSONResponse:
+    settings = platform.settings
+    manifest_bytes = _read_limited(manifest, settings.max_manifest_bytes, "manifest")
+    archive = _read_limited(model_definition, settings.max_archive_bytes, "model_definition")
+    submitted = submit_job(platform, principal, manifest_bytes, archive)
+    location = f"/v1/models/{submitted.job_id}"
+    return JSONResponse(
+        status_code=201,
+        headers={"Location": location},
+        content={
+            "model_id": submitted.job_id,
+            "location": location,
+            "status": "QUEUED",
+            "warnings": submitted.warnings,
+        },
+    )
+
+
+@router.get("")
+def get_models(
+    platform: PlatformDep,
+    principal: PrincipalDep,
+    status: str | None = None,
+    limit: Annotated[int, Query()] = 100,
+    offset: Annotated[int, Query()] = 0,
+) -> dict[str, Any]:
+    with platform.store.read() as session:
+        jobs, total = list_jobs(session, principal, status=status, limit=limit, offset=offset)
+        return {"models": [model_summary(job) for job in jobs], "total": total}
+
+
+@router.get("/{model_id}")
+def get_model(platform: PlatformDep, principal: PrincipalDep, model_id: str) -> dict[str, Any]:
+    with platform.store.read() as session:
+        return model_detail(session, load_job(session, principal, model_id))
+
+
+@router.patch("/{model_id}", status_code=202)
+def patch_model(
+    platform: PlatformDep, principal: PrincipalDep, model_id: str, body: ModelPatch
+) -> dict[str, Any]:
+    fields = body.model_dump(exclude_none=True)
+    if len(fields) != 1:
+        raise BadRequest(
+            'send exactly one of {"status": "halt"|"resume"}, {"priority": N}, {"gpus": N}'
+        )
+    if body.status is not None:
+        action = body.status.lower()
+        if action == "halt":
+            control.halt_job(platform, principal, model_id)
+        elif action == "resume":
+            control.resume_job(platform, principal, model_id)
+        else:
+            raise BadRequest(
+                f"status must be 'halt' or 'resume', got {body.status!r}",
+                detail={"field": "status"},
+            )
+    elif body.priority is not None:
+        control.set_priority(platform, principal, model_id, body.priority)
+    else:
+        raise BadRequest("scaling a job's GPUs is not available yet", detail={"field": "gpus"})
+    with platform.store.read() as session:
+        return model_detail(session, load_job(session, principal, model_id))
+
+
+@router.delete("/{model_id}")
+def delete_model(platform: PlatformDep, principal: PrincipalDep, model_id: str) -> dict[str, Any]:
+    return control.delete_job(platform, principal, model_id)
+
+
+@router.get("/{model_id}/definition", response_class=FileResponse)
+def get_definition(platform: PlatformDep, principal: PrincipalDep, model_id: str) -> FileResponse:
+    with platform.store.read() as session:
+        load_job(session, principal, model_id)
+    path = JobDirs.of(platform.settings.jobs_dir, model_id).archive
+    if not path.exists():
+        raise NotFound(f"model definition of {model_id} is no longer stored")
+    return FileResponse(path, media_type="application/zip", filename=f"{model_id}-definition.zip")
+
+
+@router.get("/{model_id}/trained_model")
+def get_trained_model(platform: PlatformDep, principal: PrincipalDep, model_id: str) -> Response:
+    with platform.store.read() as session:
+        job = load_job(session, principal, model_id)
+        location = job.results_location
+    if location is None or not Path(location).exists():
+        raise NotFound(f"{model_id} has no trained model yet")
+    return Response(
+        zip_directory(Path(location)),
+        media_type="application/zip",
+        headers={"Content-Disposition": f'attachment; filename="{model_id}-trained-model.zip"'},
+    )

@@ -1,0 +1,107 @@
+"""What a user asks of an existing job: halt, resume, re-prioritise, delete.
+
+Each request records the desired state (and the status change it implies at once) and
+wakes the loops that carry it out; none of them touches a learner process directly.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from typing import Any
+
+from sqlalchemy import delete as sql_delete
+
+from ffdl.core.errors import BadRequest, ConflictError
+from ffdl.core.status import HOLDING_JOB_STATES, JobStatus, is_terminal
+from ffdl.server.auth import Principal
+from ffdl.server.platform import Platform
+from ffdl.server.services.jobdirs import JobDirs
+from ffdl.server.services.queries import load_job
+from ffdl.server.store.models import Job
+from ffdl.server.store.transitions import set_job_status
+
+_CANCEL_WAIT_S = 15.0
+
+
+def halt_job(platform: Platform, principal: Principal, job_id: str) -> None:
+    with platform.store.write() as session:
+        job = load_job(session, principal, job_id)
+        status = JobStatus(job.status)
+        if status == JobStatus.QUEUED:
+            set_job_status(session, job, JobStatus.HALTED, "halted by user while queued")
+        elif status in (JobStatus.PENDING, JobStatus.DOWNLOADING, JobStatus.PROCESSING):
+            job.desired = "halt"
+            set_job_status(session, job, JobStatus.HALTING, "halt requested by user")
+        elif status in (JobStatus.HALTING, JobStatus.HALTED):
+            return
+        else:
+            raise ConflictError(
+                f"cannot halt {job_id}: it is {status.value}",
+                detail={"status": status.value},
+            )
+    platform.wakeups.notify("lcm", "scheduler")
+
+
+def resume_job(platform: Platform, principal: Principal, job_id: str) -> None:
+    with platform.store.write() as session:
+        job = load_job(session, principal, job_id)
+        status = JobStatus(job.status)
+        if status != JobStatus.HALTED:
+            raise ConflictError(
+                f"cannot resume {job_id}: it is {status.value}, only HALTED jobs resume",
+                detail={"status": status.value},
+            )
+        job.desired = None
+        job.placement = None
+        set_job_status(session, job, JobStatus.QUEUED, "resumed by user")
+    platform.wakeups.notify("scheduler")
+
+
+def set_priority(platform: Platform, principal: Principal, job_id: str, priority: Any) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 100:
+        raise BadRequest(
+            f"priority must be an integer from 0 to 100, got {priority!r}",
+            code="C104",
+            detail={"field": "priority"},
+        )
+    with platform.store.write() as session:
+        job = load_job(session, principal, job_id)
+        if is_terminal(JobStatus(job.status)):
+            raise ConflictError(f"cannot change the priority of {job_id}: it is {job.status}")
+        job.priority = priority
+    platform.wakeups.notify("scheduler")
+
+
+def delete_job(platform: Platform, principal: Principal, job_id: str) -> dict[str, Any]:
+    """Cancel a live job (and wait briefly for its processes to go), or remove a finished one."""
+    with platform.store.write() as session:
+        job = load_job(session, principal, job_id)
+        status = JobStatus(job.status)
+        if is_terminal(status):
+            session.execute(sql_delete(Job).where(Job.id == job_id))
+            removed = True
+        elif status in HOLDING_JOB_STATES:
+            job.desired = "cancel"
+            removed = False
+        else:  # QUEUED or HALTED: nothing runs, cancel at once
+            set_job_status(session, job, JobStatus.CANCELLED, "cancelled by user")
+            removed = False
+    if removed:
+        shutil.rmtree(JobDirs.of(platform.settings.jobs_dir, job_id).root, ignore_errors=True)
+        return {"model_id": job_id, "status": status.value, "deleted": True}
+    platform.wakeups.notify("lcm", "scheduler")
+    final = _wait_until_terminal(platform, job_id)
+    return {"model_id": job_id, "status": final, "deleted": False}
+
+
+def _wait_until_terminal(platform: Platform, job_id: str) -> str:
+    deadline = time.monotonic() + _CANCEL_WAIT_S
+    status = ""
+    while True:
+        with platform.store.read() as session:
+            job = session.get(Job, job_id)
+            status = job.status if job is not None else JobStatus.CANCELLED.value
+        if is_terminal(JobStatus(status)) or time.monotonic() > deadline:
+            return status
+        time.sleep(0.05)

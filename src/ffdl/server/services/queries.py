@@ -1,0 +1,165 @@
+"""Reading jobs for a caller: tenant scoping and FfDL's Model JSON."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from ffdl.core.errors import BadRequest, NotFound
+from ffdl.core.status import JobStatus
+from ffdl.server.auth import Principal
+from ffdl.server.store.models import Event, Job, Learner
+
+
+def iso(value: datetime | None) -> str | None:
+    return None if value is None else value.replace(tzinfo=UTC).isoformat()
+
+
+def load_job(session: Session, principal: Principal, job_id: str) -> Job:
+    """The caller's job; another tenant's job is reported as not found."""
+    job = session.get(Job, job_id)
+    if job is None or (job.tenant_id != principal.tenant_id and not principal.is_admin):
+        raise NotFound(f"no model with id {job_id!r}")
+    return job
+
+
+def current_learners(session: Session, job: Job) -> list[Learner]:
+    return list(
+        session.scalars(
+            select(Learner)
+            .where(Learner.job_id == job.id, Learner.attempt == job.attempt)
+            .order_by(Learner.index)
+        )
+    )
+
+
+def list_jobs(
+    session: Session, principal: Principal, *, status: str | None, limit: int, offset: int
+) -> tuple[list[Job], int]:
+    if not 1 <= limit <= 1000:
+        raise BadRequest("limit must be between 1 and 1000", detail={"field": "limit"})
+    if offset < 0:
+        raise BadRequest("offset must be >= 0", detail={"field": "offset"})
+    query = select(Job).where(Job.tenant_id == principal.tenant_id)
+    count = select(func.count()).select_from(Job).where(Job.tenant_id == principal.tenant_id)
+    if status is not None:
+        try:
+            value = JobStatus(status.upper()).value
+        except ValueError as exc:
+            raise BadRequest(f"unknown status {status!r}", detail={"field": "status"}) from exc
+        query = query.where(Job.status == value)
+        count = count.where(Job.status == value)
+    jobs = session.scalars(
+        query.order_by(Job.submitted_at.desc(), Job.id.desc()).limit(limit).offset(offset)
+    ).all()
+    total = session.scalar(count) or 0
+    return list(jobs), int(total)
+
+
+def _redacted_stores(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    secret_words = ("password", "secret", "key", "token", "credential")
+    stores = []
+    for store in manifest.get("data_stores") or []:
+        item = dict(store)
+        item["connection"] = {
+            k: ("***" if any(w in k.lower() for w in secret_words) else v)
+            for k, v in (store.get("connection") or {}).items()
+        }
+        stores.append(item)
+    return stores
+
+
+def model_summary(job: Job) -> dict[str, Any]:
+    """The Model JSON without the per-job sub-queries (used by list pages)."""
+    manifest = job.manifest
+    framework = manifest.get("framework") or {}
+    queue = None
+    if job.status == JobStatus.QUEUED.value:
+        eta_s = None
+        if job.queue_eta_at is not None:
+            eta_s = max(job.queue_eta_at - datetime.now(UTC).timestamp(), 0.0)
+        queue = {
+            "position": job.queue_position,
+            "eta": _eta_text(eta_s) if eta_s is not None else "unknown",
+            "eta_s": eta_s,
+            "reason": job.reason,
+        }
+    return {
+        "model_id": job.id,
+        "name": job.name,
+        "description": job.description,
+        "version": str(manifest.get("version", "")),
+        "tenant": job.tenant_id,
+        "user": job.user_id,
+        "priority": job.priority,
+        "framework": {
+            "name": framework.get("name", ""),
+            "version": framework.get("version", ""),
+            "command": framework.get("command", ""),
+        },
+        "training": {
+            "learners": job.learners,
+            "gpus": job.gpus,
+            "cpus": job.cpus,
+            "memory": job.memory_mb,
+            "memory_unit": "MiB",
+            "training_status": {
+                "status": job.status,
+                "status_description": job.reason,
+                "error_code": job.error_code,
+                "exit_code": job.exit_code,
+                "submitted": iso(job.submitted_at),
+                "started": iso(job.started_at),
+                "completed": iso(job.finished_at),
+            },
+        },
+        "data_stores": _redacted_stores(manifest),
+        "placement": job.placement or [],
+        "queue": queue,
+        "results": {
+            "location": job.results_location,
+            "download": f"/v1/models/{job.id}/trained_model",
+        },
+        "location": f"/v1/models/{job.id}",
+    }
+
+
+def model_detail(session: Session, job: Job) -> dict[str, Any]:
+    body = model_summary(job)
+    body["learners"] = [
+        {
+            "learner": lr.index,
+            "status": lr.status,
+            "node": lr.node,
+            "gpu_ids": lr.gpu_ids,
+            "exit_code": lr.exit_code,
+            "attempt": lr.attempt,
+            "reason": lr.reason,
+        }
+        for lr in current_learners(session, job)
+    ]
+    events = session.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id)).all()
+    body["events"] = [
+        {
+            "time": iso(ev.created_at),
+            "from": ev.from_status,
+            "to": ev.to_status,
+            "reason": ev.reason,
+            "learner": ev.learner,
+        }
+        for ev in events
+    ]
+    return body
+
+
+def _eta_text(eta_s: float | None) -> str | None:
+    if eta_s is None:
+        return None
+    if eta_s < 60:
+        return f"{int(eta_s)}s"
+    if eta_s < 3600:
+        return f"{int(eta_s // 60)}m"
+    return f"{eta_s / 3600:.1f}h"

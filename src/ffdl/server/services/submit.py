@@ -1,0 +1,117 @@
+"""Submitting a training job: validate everything first, then store it as QUEUED.
+
+Nothing is written for a rejected job: the manifest, the resource request and the archive
+are all checked before the archive touches the disk or a row is added.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import string
+from dataclasses import dataclass
+
+from ffdl.core.errors import PayloadTooLarge, UnschedulableError
+from ffdl.core.manifest import Manifest, parse_manifest
+from ffdl.core.status import JobStatus
+from ffdl.scheduler.policy import never_fits
+from ffdl.server.auth import Principal
+from ffdl.server.platform import Platform
+from ffdl.server.services.archive import validate_archive
+from ffdl.server.services.jobdirs import JobDirs
+from ffdl.server.services.snapshots import queued_job_from_manifest
+from ffdl.server.store.models import Event, Job
+from ffdl.server.store.transitions import utcnow
+
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def new_job_id() -> str:
+    return "training-" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(10))
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    job_id: str
+    warnings: list[str]
+
+
+def submit_job(
+    platform: Platform, principal: Principal, manifest_bytes: bytes, archive: bytes
+) -> Submitted:
+    settings = platform.settings
+    if len(manifest_bytes) > settings.max_manifest_bytes:
+        raise PayloadTooLarge(
+            f"manifest is {len(manifest_bytes)} bytes; the limit is {settings.max_manifest_bytes}"
+        )
+    if len(archive) > settings.max_archive_bytes:
+        raise PayloadTooLarge(
+            f"model_definition is {len(archive)} bytes; the limit is {settings.max_archive_bytes}"
+        )
+    manifest = parse_manifest(manifest_bytes)
+    job_id = new_job_id()
+    reason = never_fits(
+        queued_job_from_manifest(job_id, principal.tenant_id, manifest, 0.0),
+        platform.backend.nodes(),
+    )
+    if reason is not None:
+        raise UnschedulableError(f"job can never be scheduled on this cluster: {reason}")
+    validate_archive(
+        archive,
+        max_files=settings.max_archive_files,
+        max_unpacked_bytes=settings.max_unpacked_bytes,
+    )
+    dirs = JobDirs.of(settings.jobs_dir, job_id)
+    dirs.root.mkdir(parents=True)
+    try:
+        tmp = dirs.archive.with_suffix(".tmp")
+        tmp.write_bytes(archive)
+        os.replace(tmp, dirs.archive)
+        _insert_job(platform, principal, job_id, manifest)
+    except BaseException:
+        shutil.rmtree(dirs.root, ignore_errors=True)
+        raise
+    platform.wakeups.notify("scheduler")
+    warnings = [f"unknown manifest field ignored: {name}" for name in manifest.unknown_fields]
+    return Submitted(job_id=job_id, warnings=warnings)
+
+
+def _insert_job(platform: Platform, principal: Principal, job_id: str, manifest: Manifest) -> None:
+    now = utcnow()
+    with platform.store.write() as session:
+        session.add(
+            Job(
+                id=job_id,
+                tenant_id=principal.tenant_id,
+                user_id=principal.user_id,
+                name=manifest.name,
+                description=manifest.description,
+                manifest=manifest.to_dict(),
+                status=JobStatus.QUEUED.value,
+                reason="waiting for the scheduler",
+                priority=manifest.priority,
+                learners=manifest.learners,
+                gpus=manifest.gpus,
+                cpus=manifest.cpus,
+                memory_mb=manifest.memory_mb,
+                gpu_type=manifest.gpu_type,
+                placement_policy=manifest.placement.policy,
+                same_label=manifest.placement.same,
+                expected_duration_s=manifest.expected_duration_s,
+                attempt=0,
+                submitted_at=now,
+                status_changed_at=now,
+            )
+        )
+        session.flush()
+        session.add(
+            Event(
+                job_id=job_id,
+                learner=None,
+                from_status=None,
+                to_status=JobStatus.QUEUED.value,
+                reason="submitted",
+                created_at=now,
+            )
+        )

@@ -1,0 +1,108 @@
+"""Platform settings: the only place the server reads configuration.
+
+Sources, highest first: explicit overrides (CLI flags), ``FFDL_*`` environment variables,
+``<home>/config.yaml``, defaults. ``home`` holds the database, job directories, the client
+config and the optional ``config.yaml`` (e.g. declared virtual nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class NodeConfig(BaseModel):
+    """A declared (virtual) node: learners run on this host but are accounted to it."""
+
+    name: str
+    gpus: int = Field(ge=0)
+    cpus: float = Field(gt=0)
+    memory: str | int = "16GiB"
+    gpu_type: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+def _default_learner_path() -> str:
+    bin_dir = str(Path(sys.executable).parent)
+    system = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return os.pathsep.join([bin_dir, system])
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("FFDL_HOME", str(Path.home() / ".ffdl"))).expanduser()
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FFDL_", extra="ignore")
+
+    home: Path = Field(default_factory=default_home)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    database_url: str | None = None  # default: SQLite file in home
+
+    # Cluster shape for the local backend: declared nodes, or the real host as one node.
+    nodes: list[NodeConfig] = Field(default_factory=list)
+    # When the host has no GPUs, it offers this many CPU slots in their place (default: cores).
+    cpu_slots: int | None = None
+    default_placement: str = "pack"
+    # PATH given to controllers and user commands: this interpreter's bin directory first,
+    # so `python` in a manifest command is the platform's Python.
+    learner_path: str = Field(default_factory=lambda: _default_learner_path())
+
+    # Loops and liveness.
+    scheduler_interval_s: float = 1.0
+    lcm_interval_s: float = 1.0
+    monitor_interval_s: float = 1.0
+    heartbeat_s: float = 2.0
+    heartbeat_timeout_s: float = 30.0
+    halt_grace_s: float = 10.0
+    deploy_timeout_s: float = 120.0
+    report_deadline_s: float = 600.0
+
+    # Upload limits.
+    max_manifest_bytes: int = 1024 * 1024
+    max_archive_bytes: int = 512 * 1024 * 1024
+    max_archive_files: int = 20_000
+    max_unpacked_bytes: int = 2 * 1024 * 1024 * 1024
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'ffdl.db'}"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.home / "jobs"
+
+    @property
+    def client_config_path(self) -> Path:
+        return self.home / "client.json"
+
+    @property
+    def api_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @classmethod
+    def load(cls, home: Path | None = None, **overrides: Any) -> Settings:
+        """Settings for ``home``: its config.yaml, then the environment, then ``overrides``."""
+        base_home = (home or default_home()).expanduser().resolve()
+        file_values: dict[str, Any] = {}
+        config_file = base_home / "config.yaml"
+        if config_file.exists():
+            loaded = yaml.safe_load(config_file.read_text()) or {}
+            if not isinstance(loaded, dict):
+                raise ValueError(f"{config_file}: expected a mapping")
+            file_values = loaded
+        # Environment variables beat the file: pydantic-settings gives init kwargs priority,
+        # so only pass file values that the environment does not set.
+        env_set = {k[len("FFDL_") :].lower() for k in os.environ if k.startswith("FFDL_")}
+        values = {k: v for k, v in file_values.items() if k not in env_set}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        values["home"] = base_home
+        return cls(**values)

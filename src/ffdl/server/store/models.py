@@ -1,0 +1,150 @@
+"""The ORM schema (SQLAlchemy 2): tenants, users, tokens, jobs, learners, events, logs, metrics.
+
+Status columns are written only by ``transitions.py``. Log lines and metrics carry the
+controller's per-attempt sequence number so that a retried report is never stored twice.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    max_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    max_running_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
+    created_at: Mapped[datetime]
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16))  # admin | member
+    created_at: Mapped[datetime]
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[datetime]
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    description: Mapped[str] = mapped_column(Text, default="")
+    manifest: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    error_code: Mapped[str | None] = mapped_column(String(8), default=None)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    priority: Mapped[int] = mapped_column(Integer, default=50)
+    learners: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[int] = mapped_column(Integer)  # per learner
+    cpus: Mapped[float] = mapped_column(Float)
+    memory_mb: Mapped[int] = mapped_column(Integer)
+    # Scheduling inputs copied out of the manifest so a pass never re-parses manifests.
+    gpu_type: Mapped[str | None] = mapped_column(String(100), default=None)
+    placement_policy: Mapped[str | None] = mapped_column(String(16), default=None)
+    same_label: Mapped[str | None] = mapped_column(String(100), default=None)
+    expected_duration_s: Mapped[float | None] = mapped_column(Float, default=None)
+    placement: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Desired state written by the API and reconciled by the loops: "halt" | "cancel" | None.
+    desired: Mapped[str | None] = mapped_column(String(16), default=None)
+    master_port: Mapped[int | None] = mapped_column(Integer, default=None)
+    results_location: Mapped[str | None] = mapped_column(Text, default=None)
+    queue_position: Mapped[int | None] = mapped_column(Integer, default=None)
+    queue_eta_at: Mapped[float | None] = mapped_column(Float, default=None)  # epoch seconds
+    submitted_at: Mapped[datetime]
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    status_changed_at: Mapped[datetime]
+    __table_args__ = (Index("ix_jobs_tenant_submitted", "tenant_id", "submitted_at"),)
+
+
+class Learner(Base):
+    __tablename__ = "learners"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)  # 1-based LEARNER_ID
+    attempt: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    node: Mapped[str] = mapped_column(String(200))
+    gpu_ids: Mapped[list[Any]]
+    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    error_code: Mapped[str | None] = mapped_column(String(8), default=None)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    report_seq: Mapped[int] = mapped_column(Integer, default=0)
+    last_heartbeat: Mapped[datetime | None] = mapped_column(default=None)
+    updated_at: Mapped[datetime]
+    __table_args__ = (UniqueConstraint("job_id", "index", "attempt"),)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    learner: Mapped[int | None] = mapped_column(Integer, default=None)
+    from_status: Mapped[str | None] = mapped_column(String(16))
+    to_status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime]
+
+
+class DeployStep(Base):
+    __tablename__ = "deploy_steps"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[str] = mapped_column(String(64), primary_key=True)
+    done_at: Mapped[datetime]
+
+
+class LogLine(Base):
+    __tablename__ = "log_lines"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    learner: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    stream: Mapped[str] = mapped_column(String(8))
+    text: Mapped[str] = mapped_column(Text)
+    time: Mapped[float] = mapped_column(Float)
+    __table_args__ = (
+        Index("ix_log_lines_job", "job_id", "id"),
+        UniqueConstraint("job_id", "learner", "attempt", "seq"),
+    )
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    learner: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    group: Mapped[str] = mapped_column(String(100))
+    iteration: Mapped[int | None] = mapped_column(Integer, default=None)
+    values: Mapped[dict[str, Any]]
+    time: Mapped[float] = mapped_column(Float)
+    __table_args__ = (
+        Index("ix_metrics_job", "job_id", "id"),
+        UniqueConstraint("job_id", "learner", "attempt", "seq"),
+    )

@@ -1,0 +1,110 @@
+"""The status gate: the only writer of job and learner statuses.
+
+Every change is checked against the status machine in ``ffdl.core.status`` and recorded as
+an ``Event`` row in the caller's transaction, so a status and its event commit together or
+not at all.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy.orm import Session
+
+from ffdl.core.status import (
+    TERMINAL_JOB_STATES,
+    JobStatus,
+    LearnerStatus,
+    check_job_transition,
+    check_learner_transition,
+)
+from ffdl.server.store.models import Event, Job, Learner
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def set_job_status(
+    session: Session,
+    job: Job,
+    target: JobStatus,
+    reason: str = "",
+    *,
+    error_code: str | None = None,
+    exit_code: int | None = None,
+) -> Event | None:
+    """Move ``job`` to ``target`` (a no-op when already there) and record the event.
+
+    Raises ``IllegalTransition`` when the status machine forbids the change.
+    """
+    current = JobStatus(job.status)
+    if current == target:
+        return None
+    check_job_transition(current, target)
+    now = utcnow()
+    job.status = target.value
+    job.reason = reason
+    job.status_changed_at = now
+    if error_code is not None:
+        job.error_code = error_code
+    if exit_code is not None:
+        job.exit_code = exit_code
+    if target == JobStatus.PROCESSING and job.started_at is None:
+        job.started_at = now
+    if target == JobStatus.QUEUED:
+        job.error_code = None
+        job.exit_code = None
+        job.finished_at = None
+    if target in TERMINAL_JOB_STATES or target == JobStatus.HALTED:
+        job.finished_at = now
+        job.queue_position = None
+        job.queue_eta_at = None
+    if target != JobStatus.QUEUED:
+        job.queue_position = None
+        job.queue_eta_at = None
+    event = Event(
+        job_id=job.id,
+        learner=None,
+        from_status=current.value,
+        to_status=target.value,
+        reason=reason,
+        created_at=now,
+    )
+    session.add(event)
+    return event
+
+
+def set_learner_status(
+    session: Session,
+    learner: Learner,
+    target: LearnerStatus,
+    reason: str = "",
+    *,
+    exit_code: int | None = None,
+    error_code: str | None = None,
+) -> Event | None:
+    """Move one learner to ``target`` (a no-op when already there) and record the event."""
+    current = LearnerStatus(learner.status)
+    if current == target:
+        return None
+    check_learner_transition(current, target)
+    now = utcnow()
+    learner.status = target.value
+    learner.updated_at = now
+    if reason:
+        learner.reason = reason
+    if exit_code is not None:
+        learner.exit_code = exit_code
+    if error_code is not None:
+        learner.error_code = error_code
+    event = Event(
+        job_id=learner.job_id,
+        learner=learner.index,
+        from_status=current.value,
+        to_status=target.value,
+        reason=reason,
+        created_at=now,
+    )
+    session.add(event)
+    return event

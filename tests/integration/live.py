@@ -1,0 +1,227 @@
+"""A real ffdl server in a subprocess on 127.0.0.1, with factory helpers for jobs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+FAST_CONFIG: dict[str, Any] = {
+    "scheduler_interval_s": 0.2,
+    "lcm_interval_s": 0.2,
+    "monitor_interval_s": 0.5,
+    "heartbeat_s": 0.5,
+    "heartbeat_timeout_s": 20.0,
+    "halt_grace_s": 3.0,
+    "report_deadline_s": 60.0,
+    "nodes": [{"name": "node-a", "gpus": 4, "cpus": 16, "memory": "32GiB", "gpu_type": "cpu"}],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(
+    check: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll ``check`` until it returns a truthy value; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or check}: last={last!r}")
+
+
+def code_zip(files: dict[str, str]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, textwrap.dedent(text))
+    return buffer.getvalue()
+
+
+def manifest_yaml(command: str, **extra: Any) -> str:
+    doc: dict[str, Any] = {
+        "name": extra.pop("name", "test-job"),
+        "version": "1.0",
+        "learners": 1,
+        "gpus": 1,
+        "cpus": 1,
+        "memory": "256MiB",
+        "framework": {"name": "custom", "version": "1", "command": command},
+    }
+    doc.update(extra)
+    return yaml.safe_dump(doc)
+
+
+@dataclass
+class LiveServer:
+    home: Path
+    config: dict[str, Any] = field(default_factory=lambda: dict(FAST_CONFIG))
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    _client: httpx.Client | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def token(self) -> str:
+        return str(json.loads((self.home / "client.json").read_text())["token"])
+
+    @property
+    def client(self) -> httpx.Client:
+        if self._client is None:
+            self._client = httpx.Client(
+                base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30
+            )
+        return self._client
+
+    def start(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "config.yaml").write_text(yaml.safe_dump(self.config))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FFDL_")}
+        log = open(self.home / "server.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ffdl.server.main",
+                "--home",
+                str(self.home),
+                "--port",
+                str(self.port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        log.close()
+
+        def healthy() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited: {self.log_tail()}")
+            try:
+                return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, timeout=60, what="server health")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill_learners(self) -> None:
+        """Kill every controller this server started (they outlive the server by design)."""
+        for pid_file in (self.home / "jobs").glob("*/learners/*/*/launched.pid"):
+            with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+
+    def log_tail(self, n: int = 40) -> str:
+        path = self.home / "server.log"
+        return "\n".join(path.read_text().splitlines()[-n:]) if path.exists() else ""
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def submit(self, manifest: str, files: dict[str, str] | None = None) -> httpx.Response:
+        archive = code_zip(files or {"README": "no code"})
+        return self.client.post(
+            "/v1/models",
+            files={
+                "manifest": ("manifest.yml", manifest.encode(), "application/x-yaml"),
+                "model_definition": ("model.zip", archive, "application/zip"),
+            },
+        )
+
+    def submit_ok(self, manifest: str, files: dict[str, str] | None = None) -> str:
+        response = self.submit(manifest, files)
+        assert response.status_code == 201, response.text
+        return str(response.json()["model_id"])
+
+    def model(self, job_id: str) -> dict[str, Any]:
+        response = self.client.get(f"/v1/models/{job_id}")
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    def status(self, job_id: str) -> str:
+        return str(self.model(job_id)["training"]["training_status"]["status"])
+
+    def wait_status(
+        self, job_id: str, wanted: Iterable[str], timeout: float = 60
+    ) -> dict[str, Any]:
+        targets = set(wanted)
+
+        def reached() -> dict[str, Any] | None:
+            model = self.model(job_id)
+            status = model["training"]["training_status"]["status"]
+            if status in targets:
+                return model
+            if status in {"COMPLETED", "FAILED", "CANCELLED"}:
+                raise AssertionError(f"{job_id} ended {status}: {model['training']}")
+            return None
+
+        result: dict[str, Any] = wait_for(
+            reached, timeout=timeout, interval=0.1, what=f"{job_id} to reach {targets}"
+        )
+        return result
+
+    def loglines(self, job_id: str, **params: Any) -> list[dict[str, Any]]:
+        response = self.client.get(
+            f"/v1/logs/{job_id}/loglines", params={"pagesize": 10000, **params}
+        )
+        assert response.status_code == 200, response.text
+        lines: list[dict[str, Any]] = response.json()["lines"]
+        return lines
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+@contextlib.contextmanager
+def running_server(home: Path, **config: Any) -> Any:
+    server = LiveServer(home=home, config={**FAST_CONFIG, **config})
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        server.kill_learners()

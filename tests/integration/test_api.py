@@ -1,0 +1,135 @@
+"""The HTTP API's contract: errors, auth, paging and the follow stream, on a real server."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from tests.integration.live import LiveServer, manifest_yaml
+
+PRINT_LINES = """
+for i in range(1, 31):
+    print(f"line {i}")
+"""
+
+
+def _jobs_on_disk(server: LiveServer) -> list[str]:
+    jobs = server.home / "jobs"
+    return sorted(p.name for p in jobs.iterdir()) if jobs.exists() else []
+
+
+def test_invalid_manifest_is_rejected_with_field_and_nothing_is_stored(
+    server: LiveServer,
+) -> None:
+    bad = manifest_yaml("python x.py", learners=0)
+    response = server.submit(bad)
+    assert response.status_code == 400
+    body = response.json()
+    assert body["code"] == "C104"
+    assert body["detail"]["field"] == "learners"
+    no_command = "name: x\nframework: {name: pytorch, version: '1'}\n"
+    response = server.submit(no_command)
+    assert response.status_code == 400
+    assert response.json()["code"] == "C101"
+    assert response.json()["detail"]["field"] == "framework.command"
+    assert "Traceback" not in response.text
+    assert server.client.get("/v1/models").json()["total"] == 0
+    assert _jobs_on_disk(server) == []
+
+
+def test_bad_archive_and_oversized_job_are_rejected(server: LiveServer) -> None:
+    response = server.client.post(
+        "/v1/models",
+        files={
+            "manifest": ("m.yml", manifest_yaml("true").encode()),
+            "model_definition": ("m.zip", b"not a zip"),
+        },
+    )
+    assert response.status_code == 400
+    assert response.json()["code"] == "C102"
+    too_big = manifest_yaml("true", gpus=64)
+    response = server.submit(too_big)
+    assert response.status_code == 400
+    assert response.json()["code"] == "S100"
+    missing_field = server.client.post(
+        "/v1/models", files={"manifest": ("m.yml", manifest_yaml("true").encode())}
+    )
+    assert missing_field.status_code == 400
+    assert "model_definition" in missing_field.json()["error"]
+    assert _jobs_on_disk(server) == []
+
+
+def test_requests_without_a_valid_token_are_refused(server: LiveServer) -> None:
+    assert httpx.get(f"{server.url}/v1/models").status_code == 401
+    response = httpx.get(f"{server.url}/v1/models", headers={"Authorization": "Bearer nope"})
+    assert response.status_code == 401
+    assert response.json()["code"] == "C103"
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+
+
+def test_unknown_model_is_404_json(server: LiveServer) -> None:
+    response = server.client.get("/v1/models/training-missing")
+    assert response.status_code == 404
+    assert set(response.json()) == {"error", "code", "detail"}
+
+
+def test_loglines_paging_follows_ffdl_rules(server: LiveServer) -> None:
+    job_id = server.submit_ok(manifest_yaml("python p.py"), {"p.py": PRINT_LINES})
+    server.wait_status(job_id, {"COMPLETED"})
+    user = [i for i in server.loglines(job_id) if i["line"].startswith("line ")]
+    assert len(user) == 30
+    everything = server.loglines(job_id)
+    first = server.loglines(job_id, pagesize=5)
+    assert [i["meta"]["rindex"] for i in first] == [i["meta"]["rindex"] for i in everything[:5]]
+    tail = server.loglines(job_id, pos=-3)
+    assert [i["line"] for i in tail] == [i["line"] for i in everything[-3:]]
+    later = server.loglines(job_id, pos=10, pagesize=2)
+    assert [i["line"] for i in later] == [i["line"] for i in everything[10:12]]
+    bad = server.client.get(f"/v1/logs/{job_id}/loglines", params={"pagesize": 0})
+    assert bad.status_code == 400
+
+
+def test_follow_stream_delivers_lines_status_and_end(server: LiveServer) -> None:
+    job_id = server.submit_ok(manifest_yaml("python p.py"), {"p.py": PRINT_LINES})
+    kinds: list[str] = []
+    lines: list[str] = []
+    statuses: list[str] = []
+    with server.client.stream("GET", f"/v1/models/{job_id}/events/stream") as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        kind = ""
+        for raw in response.iter_lines():
+            if raw.startswith("event: "):
+                kind = raw[len("event: ") :]
+            elif raw.startswith("data: "):
+                data = json.loads(raw[len("data: ") :])
+                kinds.append(kind)
+                if kind == "log":
+                    lines.append(data["line"])
+                elif kind == "status":
+                    statuses.append(data["status"])
+                elif kind == "end":
+                    assert data["status"] == "COMPLETED"
+                    break
+    assert kinds[-1] == "end"
+    assert [line for line in lines if line.startswith("line ")] == [
+        f"line {i}" for i in range(1, 31)
+    ]
+    assert statuses[-1] == "COMPLETED"
+
+
+def test_list_pages_and_filters(server: LiveServer) -> None:
+    ids = [server.submit_ok(manifest_yaml("true", name=f"job-{i}")) for i in range(3)]
+    listing = server.client.get("/v1/models", params={"limit": 2}).json()
+    assert listing["total"] == 3
+    assert len(listing["models"]) == 2
+    assert listing["models"][0]["model_id"] == ids[-1]
+    bad = server.client.get("/v1/models", params={"status": "SLEEPING"})
+    assert bad.status_code == 400
+    for job_id in ids:
+        server.wait_status(job_id, {"COMPLETED"})
+    done = server.client.get("/v1/models", params={"status": "completed"}).json()
+    assert done["total"] == 3
+    deleted = server.client.delete(f"/v1/models/{ids[0]}").json()
+    assert deleted["deleted"] is True
+    assert server.client.get(f"/v1/models/{ids[0]}").status_code == 404

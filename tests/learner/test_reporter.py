@@ -1,0 +1,141 @@
+"""The report sender in-process against the recording stand-in: order, batching,
+heartbeats, overflow while the API is away, and the API's halt/cancel/gone answers."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ffdl.learner.reporter import CANCEL, GAVE_UP, GONE, HALT, Reporter
+
+from .test_recording_api import TOKEN, RecordingApi, api, wait_until
+
+__all__ = ["api"]
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, kind: str, detail: str) -> None:
+        with self.lock:
+            self.seen.append((kind, detail))
+
+    def kinds(self) -> list[str]:
+        with self.lock:
+            return [kind for kind, _ in self.seen]
+
+
+def make_reporter(api: RecordingApi, events: Events | None = None, **options: Any) -> Reporter:
+    settings: dict[str, Any] = {"heartbeat_s": 5.0, "report_deadline_s": 30.0, **options}
+    reporter = Reporter(
+        api_url=api.url,
+        job_token=settings.pop("job_token", TOKEN),
+        training_id="job-1",
+        learner=1,
+        attempt=0,
+        on_event=events or Events(),
+        **settings,
+    )
+    reporter.start()
+    return reporter
+
+
+def test_items_arrive_in_order_in_batches_of_at_most_500(api: RecordingApi) -> None:
+    reporter = make_reporter(api)
+    assert reporter.status("DOWNLOADING") == 1
+    for index in range(1200):
+        reporter.log("stdout", f"line {index}")
+    assert reporter.emetric("train", 3, {"loss": 0.5}, at=12.0) == 1202
+
+    assert reporter.drain(10.0)
+    assert [item["seq"] for item in api.items()] == list(range(1, 1203))
+    assert api.log_texts() == [f"line {index}" for index in range(1200)]
+    (metric,) = api.items("emetric")
+    assert (metric["iteration"], metric["values"], metric["time"]) == (3, {"loss": 0.5}, 12.0)
+    assert max(len(batch["items"]) for batch in api.batches) == 500
+    assert api.items("status")[0] == {
+        "type": "status",
+        "seq": 1,
+        "time": api.items("status")[0]["time"],
+        "status": "DOWNLOADING",
+        "reason": None,
+        "exit_code": None,
+        "error_code": None,
+    }
+
+
+def test_heartbeats_go_out_when_nothing_else_does(api: RecordingApi) -> None:
+    reporter = make_reporter(api, heartbeat_s=0.05)
+    wait_until(lambda: api.heartbeats() >= 3, timeout_s=5, what="heartbeats")
+    assert reporter.drain(5.0)
+    assert api.items() == []
+
+
+def test_overflow_drops_the_oldest_logs_and_keeps_statuses(api: RecordingApi) -> None:
+    api.stop()
+    reporter = make_reporter(api, max_pending=100)
+    reporter.status("PROCESSING")
+    for index in range(300):
+        reporter.log("stdout", f"line {index}")
+    reporter.status("COMPLETED")
+    assert reporter.pending_count <= 101
+    api.start()
+
+    assert reporter.drain(10.0)
+    assert api.statuses() == ["PROCESSING", "COMPLETED"]
+    texts = api.log_texts()
+    notices = [text for text in texts if "dropped" in text]
+    assert len(notices) == 1
+    dropped = int(notices[0].split()[1])
+    kept = [text for text in texts if text.startswith("line")]
+    assert dropped + len(kept) == 300
+    assert kept == [f"line {index}" for index in range(dropped, 300)]
+    assert texts.index(notices[0]) == 0
+    seqs = [item["seq"] for item in api.items()]
+    assert seqs == sorted(seqs)
+
+
+def test_halt_and_cancel_answers_are_announced_once(api: RecordingApi) -> None:
+    events = Events()
+    reporter = make_reporter(api, events, heartbeat_s=0.05)
+    api.halt = True
+    wait_until(lambda: HALT in events.kinds(), timeout_s=5, what="halt")
+    api.cancel = True
+    wait_until(lambda: CANCEL in events.kinds(), timeout_s=5, what="cancel")
+    wait_until(lambda: api.heartbeats() >= 6, timeout_s=5, what="more heartbeats")
+    assert reporter.drain(5.0)
+    assert events.kinds() == [HALT, CANCEL]
+
+
+def test_a_revoked_token_means_the_job_is_gone(api: RecordingApi) -> None:
+    events = Events()
+    reporter = make_reporter(api, events, job_token="revoked")
+    reporter.status("PROCESSING")
+    wait_until(lambda: events.kinds() == [GONE], timeout_s=5, what="gone")
+    assert events.seen == [(GONE, "HTTP 401")]
+    assert reporter.log("stdout", "after") == 0
+    assert not reporter.drain(1.0)
+    assert api.items() == []
+
+
+def test_delivery_gives_up_after_the_deadline(api: RecordingApi) -> None:
+    api.fail_next(500, -1)
+    events = Events()
+    reporter = make_reporter(api, events, report_deadline_s=0.3)
+    reporter.status("PROCESSING")
+    assert not reporter.drain(10.0)
+    assert events.kinds() == [GAVE_UP]
+    assert "500" in events.seen[0][1]
+
+
+def test_a_refused_batch_is_not_resent_forever(api: RecordingApi) -> None:
+    api.fail_next(422, 1)
+    reporter = make_reporter(api)
+    reporter.log("stdout", "refused")
+    wait_until(lambda: len(api.batches) == 1, timeout_s=5, what="the refused batch")
+    reporter.log("stdout", "accepted")
+    assert not reporter.drain(5.0)
+    assert api.log_texts() == ["accepted"]
+    assert len(api.batches) == 2
