@@ -8,8 +8,6 @@ fake transport. ``FfdlGroup`` turns any ``FfdlError`` into one red line and exit
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -20,34 +18,19 @@ from rich.console import Console
 from rich.text import Text
 from typer.core import TyperGroup
 
+from ffdl.cli.cluster import nodes_command, queue_command, tenant_app
+from ffdl.cli.context import CliContext, ClientFactory, client_of, state_of
 from ffdl.cli.demo import demo_command
 from ffdl.cli.render import error_text, log_text, model_panel, models_table, status_change_text
-from ffdl.client.config import ClientConfig, ConfigError, resolve_client_config
+from ffdl.client.config import ConfigError
 from ffdl.client.http import ApiError, Client
 from ffdl.client.settings import ClientSettings
 from ffdl.core.errors import FfdlError
 
-ClientFactory = Callable[[ClientConfig], Client]
 LOG_PAGE_SIZE = 500
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
-
-
-def default_client_factory(config: ClientConfig) -> Client:
-    return Client(config.url, config.token)
-
-
-@dataclass
-class CliContext:
-    """What every command shares: how to build a client, and the global options given."""
-
-    client_factory: ClientFactory = default_client_factory
-    url: str | None = None
-    token: str | None = None
-
-    def client(self) -> Client:
-        return self.client_factory(resolve_client_config(self.url, self.token))
 
 
 class FfdlGroup(TyperGroup):
@@ -74,14 +57,6 @@ app = typer.Typer(
 )
 
 
-def _state(ctx: typer.Context) -> CliContext:
-    return ctx.ensure_object(CliContext)
-
-
-def _client(ctx: typer.Context) -> Client:
-    return _state(ctx).client()
-
-
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -92,7 +67,7 @@ def _root(
         str | None, typer.Option("--token", help="API token (default: from FFDL_TOKEN/config).")
     ] = None,
 ) -> None:
-    state = _state(ctx)
+    state = state_of(ctx)
     state.url = url or state.url
     state.token = token or state.token
 
@@ -145,7 +120,7 @@ def train(
     ] = False,
 ) -> None:
     """Submit a training job."""
-    with _client(ctx) as client:
+    with client_of(ctx) as client:
         created = client.submit(manifest, code)
         model_id = str(created.get("model_id"))
         for warning in created.get("warnings") or []:
@@ -167,7 +142,7 @@ def list_models(
     offset: Annotated[int, typer.Option(min=0)] = 0,
 ) -> None:
     """List training jobs."""
-    with _client(ctx) as client:
+    with client_of(ctx) as client:
         body = client.list_models(status=status, limit=limit, offset=offset)
     models = body.get("models") or []
     if not models:
@@ -184,7 +159,7 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
 ) -> None:
     """Show a job: status, reason, queue position, placement, events, results."""
-    with _client(ctx) as client:
+    with client_of(ctx) as client:
         model = client.get_model(model_id)
     if as_json:
         typer.echo(json.dumps(model, indent=2))
@@ -199,7 +174,7 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Follow until the end.")] = False,
 ) -> None:
     """Print a job's log lines."""
-    with _client(ctx) as client:
+    with client_of(ctx) as client:
         if follow:
             final = _follow(client, model_id, show_status=False)
             err_console.print(status_change_text({"status": final}), soft_wrap=True)
@@ -232,7 +207,7 @@ def loglines(
     pos: Pos = None,
 ) -> None:
     """Print a job's log records as JSON, one per line."""
-    with _client(ctx) as client:
+    with client_of(ctx) as client:
         lines = client.loglines(model_id, since_time=since_time, pagesize=pagesize, pos=pos)
     for item in lines:
         typer.echo(json.dumps(item))
@@ -247,7 +222,7 @@ def emetrics(
     pos: Pos = None,
 ) -> None:
     """Print a job's evaluation metrics as JSON, one record per line."""
-    with _client(ctx) as client:
+    with client_of(ctx) as client:
         records = client.emetrics(model_id, since_time=since_time, pagesize=pagesize, pos=pos)
     for record in records:
         typer.echo(json.dumps(record))
@@ -256,7 +231,7 @@ def emetrics(
 @app.command()
 def halt(ctx: typer.Context, model_id: ModelId) -> None:
     """Halt a job; it keeps its place and can be resumed."""
-    with _client(ctx) as client:
+    with client_of(ctx) as client:
         model = client.halt(model_id)
     typer.echo(f"{model_id}: {_model_status(model)}")
 
@@ -264,7 +239,7 @@ def halt(ctx: typer.Context, model_id: ModelId) -> None:
 @app.command()
 def resume(ctx: typer.Context, model_id: ModelId) -> None:
     """Resume a halted job."""
-    with _client(ctx) as client:
+    with client_of(ctx) as client:
         model = client.resume(model_id)
     typer.echo(f"{model_id}: {_model_status(model)}")
 
@@ -276,7 +251,7 @@ def priority(
     value: Annotated[int, typer.Argument(metavar="N", help="New priority.")],
 ) -> None:
     """Change a job's priority."""
-    with _client(ctx) as client:
+    with client_of(ctx) as client:
         model = client.set_priority(model_id, value)
     typer.echo(f"{model_id}: priority {model.get('priority', value)}")
 
@@ -288,7 +263,7 @@ def scale(
     gpus: Annotated[int, typer.Argument(metavar="GPUS", min=0, help="GPUs per learner.")],
 ) -> None:
     """Rescale a running job to a new number of GPUs."""
-    with _client(ctx) as client:
+    with client_of(ctx) as client:
         model = client.scale(model_id, gpus)
     typer.echo(f"{model_id}: {_model_status(model)}")
 
@@ -296,7 +271,7 @@ def scale(
 @app.command()
 def delete(ctx: typer.Context, model_id: ModelId) -> None:
     """Cancel a live job, or remove a finished job's record."""
-    with _client(ctx) as client:
+    with client_of(ctx) as client:
         body = client.delete(model_id)
     if body.get("deleted"):
         typer.echo(f"Deleted {model_id}")
@@ -324,7 +299,7 @@ def download(
         raise typer.BadParameter("give exactly one of --trained-model or --definition")
     kind = "trained-model" if trained_model else "definition"
     dest = output or Path(f"{model_id}-{kind}.zip")
-    with _client(ctx) as client:
+    with client_of(ctx) as client:
         if trained_model:
             client.download_trained_model(model_id, dest)
         else:
@@ -344,7 +319,7 @@ def version(ctx: typer.Context) -> None:
     """Print the client version, and the server's when one is configured."""
     typer.echo(f"ffdl {_client_version()}")
     try:
-        with _client(ctx) as client:
+        with client_of(ctx) as client:
             health = client.health()
         typer.echo(f"server {health.get('version', 'unknown')} at {client.url}")
     except ConfigError:
@@ -354,6 +329,11 @@ def version(ctx: typer.Context) -> None:
 
 
 app.command("demo")(demo_command)
+app.command("nodes")(nodes_command)
+app.command("queue")(queue_command)
+app.add_typer(tenant_app, name="tenant")
+
+__all__ = ["CliContext", "ClientFactory", "app", "main"]
 
 
 def main() -> None:

@@ -230,6 +230,31 @@ class Client:
     def delete(self, model_id: str) -> dict[str, Any]:
         return self._json("DELETE", self._model_path(model_id))
 
+    def nodes(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/nodes")
+
+    def queue(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/queue")
+
+    def tenants(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/tenants")
+
+    def create_tenant(
+        self, tenant_id: str, *, max_gpus: int | None = None, max_running_jobs: int | None = None
+    ) -> dict[str, Any]:
+        body = {"id": tenant_id, "max_gpus": max_gpus, "max_running_jobs": max_running_jobs}
+        return self._json("POST", "/v1/tenants", json=body)
+
+    def set_quota(
+        self, tenant_id: str, *, max_gpus: int | None = None, max_running_jobs: int | None = None
+    ) -> dict[str, Any]:
+        body = {"max_gpus": max_gpus, "max_running_jobs": max_running_jobs}
+        return self._json("PATCH", f"/v1/tenants/{quote(tenant_id, safe='')}", json=body)
+
+    def create_user(self, tenant_id: str, name: str, *, role: str = "member") -> dict[str, Any]:
+        path = f"/v1/tenants/{quote(tenant_id, safe='')}/users"
+        return self._json("POST", path, json={"name": name, "role": role})
+
     def download_definition(self, model_id: str, dest: Path) -> Path:
         return self._download(self._model_path(model_id, "/definition"), dest)
 

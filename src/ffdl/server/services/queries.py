@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import BadRequest, NotFound
+from ffdl.core.manifest import redact_secrets
 from ffdl.core.status import JobStatus
 from ffdl.server.auth import Principal
 from ffdl.server.store.models import Event, Job, Learner
@@ -60,14 +61,10 @@ def list_jobs(
 
 
 def _redacted_stores(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    secret_words = ("password", "secret", "key", "token", "credential")
     stores = []
     for store in manifest.get("data_stores") or []:
         item = dict(store)
-        item["connection"] = {
-            k: ("***" if any(w in k.lower() for w in secret_words) else v)
-            for k, v in (store.get("connection") or {}).items()
-        }
+        item["connection"] = redact_secrets(store.get("connection") or {})
         stores.append(item)
     return stores
 
@@ -83,7 +80,7 @@ def model_summary(job: Job) -> dict[str, Any]:
             eta_s = max(job.queue_eta_at - datetime.now(UTC).timestamp(), 0.0)
         queue = {
             "position": job.queue_position,
-            "eta": _eta_text(eta_s) if eta_s is not None else "unknown",
+            "eta": eta_text(eta_s),
             "eta_s": eta_s,
             "reason": job.reason,
         }
@@ -155,9 +152,9 @@ def model_detail(session: Session, job: Job) -> dict[str, Any]:
     return body
 
 
-def _eta_text(eta_s: float | None) -> str | None:
+def eta_text(eta_s: float | None) -> str:
     if eta_s is None:
-        return None
+        return "unknown"
     if eta_s < 60:
         return f"{int(eta_s)}s"
     if eta_s < 3600:

@@ -1,0 +1,135 @@
+"""``ffdl nodes``, ``ffdl queue`` and ``ffdl tenant ...``: the cluster, the queue, tenants."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ffdl.cli.context import client_of
+
+console = Console(highlight=False)
+tenant_app = typer.Typer(help="Tenants, quotas and users (admins only).", no_args_is_help=True)
+
+
+def _gpu_map(node: dict[str, Any]) -> str:
+    owners = {}
+    for holder in node.get("holders") or []:
+        for gpu in holder.get("gpu_ids") or []:
+            owners[int(gpu)] = f"{holder['model_id']}/{holder['learner']}"
+    slots = [f"{g}:{owners.get(g, '-')}" for g in range(int(node.get("gpus", 0)))]
+    return "\n".join(slots) or "-"
+
+
+def nodes_command(ctx: typer.Context) -> None:
+    """Show each node's capacity, labels, and which job holds which GPU."""
+    with client_of(ctx) as client:
+        body = client.nodes()
+    table = Table(title="Nodes")
+    for column in ("node", "GPUs used", "CPUs used", "memory used", "type", "labels", "GPU: job"):
+        table.add_column(column)
+    for node in body.get("nodes") or []:
+        used = node.get("used") or {}
+        labels = ", ".join(f"{k}={v}" for k, v in (node.get("labels") or {}).items())
+        name = node["name"] + ("" if node.get("schedulable", True) else " (drained)")
+        table.add_row(
+            name,
+            f"{used.get('gpus', 0)}/{node.get('gpus')}",
+            f"{used.get('cpus', 0):g}/{node.get('cpus'):g}",
+            f"{used.get('memory', 0)}/{node.get('memory')} MiB",
+            str(node.get("gpu_type") or ""),
+            labels,
+            _gpu_map(node),
+        )
+    console.print(table)
+
+
+def queue_command(ctx: typer.Context) -> None:
+    """Show queued jobs: position, ETA and what each one waits for."""
+    with client_of(ctx) as client:
+        body = client.queue()
+    entries = body.get("queue") or []
+    if not entries:
+        console.print("The queue is empty.")
+        return
+    table = Table(title="Queue")
+    for column in ("pos", "model", "tenant", "prio", "learners×GPUs", "ETA", "waiting for"):
+        table.add_column(column)
+    for entry in entries:
+        table.add_row(
+            str(entry.get("position") or "-"),
+            str(entry["model_id"]),
+            str(entry.get("tenant", "")),
+            str(entry.get("priority", "")),
+            f"{entry.get('learners')}×{entry.get('gpus')}",
+            str(entry.get("eta") or "unknown"),
+            str(entry.get("reason", "")),
+        )
+    console.print(table)
+
+
+MaxGpus = Annotated[int | None, typer.Option("--max-gpus", help="GPU quota (-1: no limit).")]
+MaxJobs = Annotated[
+    int | None, typer.Option("--max-jobs", help="Running-jobs quota (-1: no limit).")
+]
+
+
+@tenant_app.command("list")
+def tenant_list(ctx: typer.Context) -> None:
+    """List tenants and their quotas."""
+    with client_of(ctx) as client:
+        body = client.tenants()
+    table = Table(title="Tenants")
+    for column in ("tenant", "name", "max GPUs", "max running jobs"):
+        table.add_column(column)
+    for tenant in body.get("tenants") or []:
+        table.add_row(
+            tenant["id"],
+            tenant.get("name", ""),
+            str(tenant.get("max_gpus") if tenant.get("max_gpus") is not None else "-"),
+            str(
+                tenant.get("max_running_jobs")
+                if tenant.get("max_running_jobs") is not None
+                else "-"
+            ),
+        )
+    console.print(table)
+
+
+@tenant_app.command("create")
+def tenant_create(
+    ctx: typer.Context, tenant_id: str, max_gpus: MaxGpus = None, max_jobs: MaxJobs = None
+) -> None:
+    """Create a tenant, optionally with quotas."""
+    with client_of(ctx) as client:
+        tenant = client.create_tenant(tenant_id, max_gpus=max_gpus, max_running_jobs=max_jobs)
+    typer.echo(f"Created tenant {tenant['id']}")
+
+
+@tenant_app.command("quota")
+def tenant_quota(
+    ctx: typer.Context, tenant_id: str, max_gpus: MaxGpus = None, max_jobs: MaxJobs = None
+) -> None:
+    """Set a tenant's quotas."""
+    with client_of(ctx) as client:
+        tenant = client.set_quota(tenant_id, max_gpus=max_gpus, max_running_jobs=max_jobs)
+    typer.echo(
+        f"{tenant['id']}: max GPUs {tenant.get('max_gpus')}, "
+        f"max running jobs {tenant.get('max_running_jobs')}"
+    )
+
+
+@tenant_app.command("add-user")
+def tenant_add_user(
+    ctx: typer.Context,
+    tenant_id: str,
+    name: str,
+    admin: Annotated[bool, typer.Option("--admin", help="Give the user the admin role.")] = False,
+) -> None:
+    """Add a user to a tenant and print its token (shown only once)."""
+    with client_of(ctx) as client:
+        user = client.create_user(tenant_id, name, role="admin" if admin else "member")
+    typer.echo(f"Created user {user['user']} ({user['role']})")
+    typer.echo(f"Token: {user['token']}")
