@@ -46,6 +46,26 @@ def nodes_command(ctx: typer.Context) -> None:
     console.print(table)
 
 
+def drain_command(
+    ctx: typer.Context,
+    node: Annotated[str, typer.Argument(help="Node name (see `ffdl nodes`).")],
+    reason: Annotated[str, typer.Option(help="Why, shown to users.")] = "maintenance",
+) -> None:
+    """Take a node out of service: no new work, its jobs are moved or shrunk, not killed."""
+    with client_of(ctx) as client:
+        client.drain(node, reason)
+    typer.echo(f"Draining {node}: its jobs move elsewhere; `ffdl undrain {node}` to return it")
+
+
+def undrain_command(
+    ctx: typer.Context, node: Annotated[str, typer.Argument(help="Node name.")]
+) -> None:
+    """Return a drained node to service."""
+    with client_of(ctx) as client:
+        client.undrain(node)
+    typer.echo(f"{node} is back in service")
+
+
 def queue_command(ctx: typer.Context) -> None:
     """Show queued jobs: position, ETA and what each one waits for."""
     with client_of(ctx) as client:

@@ -18,7 +18,13 @@ from rich.console import Console
 from rich.text import Text
 from typer.core import TyperGroup
 
-from ffdl.cli.cluster import nodes_command, queue_command, tenant_app
+from ffdl.cli.cluster import (
+    drain_command,
+    nodes_command,
+    queue_command,
+    tenant_app,
+    undrain_command,
+)
 from ffdl.cli.context import CliContext, ClientFactory, client_of, state_of
 from ffdl.cli.demo import demo_command
 from ffdl.cli.render import error_text, log_text, model_panel, models_table, status_change_text
@@ -260,7 +266,9 @@ def priority(
 def scale(
     ctx: typer.Context,
     model_id: ModelId,
-    gpus: Annotated[int, typer.Argument(metavar="GPUS", min=0, help="GPUs per learner.")],
+    gpus: Annotated[
+        int, typer.Option("--gpus", min=1, help="Total GPUs for the job, within elastic.gpus.")
+    ],
 ) -> None:
     """Rescale a running job to a new number of GPUs."""
     with client_of(ctx) as client:
@@ -331,6 +339,8 @@ def version(ctx: typer.Context) -> None:
 app.command("demo")(demo_command)
 app.command("nodes")(nodes_command)
 app.command("queue")(queue_command)
+app.command("drain")(drain_command)
+app.command("undrain")(undrain_command)
 app.add_typer(tenant_app, name="tenant")
 
 __all__ = ["CliContext", "ClientFactory", "app", "main"]

@@ -233,6 +233,13 @@ class Client:
     def nodes(self) -> dict[str, Any]:
         return self._json("GET", "/v1/nodes")
 
+    def drain(self, node: str, reason: str = "maintenance") -> dict[str, Any]:
+        path = f"/v1/nodes/{quote(node, safe='')}/drain"
+        return self._json("POST", path, json={"reason": reason})
+
+    def undrain(self, node: str) -> dict[str, Any]:
+        return self._json("POST", f"/v1/nodes/{quote(node, safe='')}/undrain")
+
     def queue(self) -> dict[str, Any]:
         return self._json("GET", "/v1/queue")
 

@@ -66,7 +66,9 @@ _JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     J.STORING: frozenset({J.COMPLETED, J.FAILED, J.CANCELLED}),
     J.HALTING: frozenset({J.HALTED, J.COMPLETED, J.FAILED, J.CANCELLED}),
     J.HALTED: frozenset({J.QUEUED, J.CANCELLED}),
-    J.RESCALING: frozenset({J.PENDING, J.FAILED, J.HALTING, J.CANCELLED}),
+    # A rescale normally goes back to PENDING with the new size; QUEUED when the freed
+    # resources were taken meanwhile, COMPLETED when the learners finished first.
+    J.RESCALING: frozenset({J.PENDING, J.QUEUED, J.COMPLETED, J.FAILED, J.HALTING, J.CANCELLED}),
     J.COMPLETED: frozenset(),
     J.FAILED: frozenset(),
     J.CANCELLED: frozenset(),

@@ -162,6 +162,10 @@ def parse_emetrics_line(line: str) -> EMetric:
         iteration = int(raw_iteration)
     if isinstance(document.get("values"), dict):
         values = _numeric_values(document["values"], skip=set())
+        # The SDK reports the cumulative sample count beside the values; the platform
+        # measures a job's throughput from it.
+        if _is_number(document.get("samples")):
+            values["samples"] = float(document["samples"])
     else:
         values = _numeric_values(document, skip={"group", "time", iteration_key or ""})
     if not values:

@@ -94,28 +94,68 @@ def reserve(
     return Reservation(job.id, None), {}
 
 
-def backfill_view(state: FreeState, shadow: dict[str, Resources]) -> CapacityView:
-    """What a job running past the reservation may use: per node, the lesser of what is
-    free now and what the shadow leaves."""
-    return CapacityView(
-        {name: _lesser(item, shadow.get(name, item.resources)) for name, item in state.free.items()}
-    )
+class BackfillLimits:
+    """What jobs behind a blocked head may use, as views that placement reads directly.
 
+    ``short`` is what is free now; ``long`` (once a reservation time is known) is, per node,
+    the lesser of what is free now and what the shadow leaves, for jobs that would still run
+    at the reserved time. Fenced nodes (those a blocker with no known time, or an aged job,
+    could use) read as empty in both, so pool totals reject jobs without scanning nodes.
+    """
 
-def _lesser(item: NodeFree, limit: Resources) -> NodeFree:
-    return NodeFree(
-        item.node,
-        min(item.gpus, limit.gpus),
-        min(item.cpus, limit.cpus),
-        min(item.memory_mb, limit.memory_mb),
-    )
+    def __init__(self, state: FreeState) -> None:
+        self.state = state
+        self.fenced: set[str] = set()
+        self.shadow: dict[str, Resources] = {}
+        self.short = _copy_view(state)
+        self.long: CapacityView | None = None
 
+    def set_shadow(self, shadow: dict[str, Resources]) -> None:
+        self.shadow = shadow
+        self.long = CapacityView(
+            {name: self._long_free(name, item) for name, item in self.state.free.items()}
+        )
 
-def refresh_backfill_node(
-    view: CapacityView, state: FreeState, shadow: dict[str, Resources], name: str
-) -> None:
-    lesser = _lesser(state.free[name], shadow.get(name, state.free[name].resources))
-    view.set_free(name, lesser.gpus, lesser.cpus, lesser.memory_mb)
+    def _long_free(self, name: str, item: NodeFree) -> NodeFree:
+        if name in self.fenced:
+            return NodeFree(item.node, 0, 0.0, 0)
+        limit = self.shadow.get(name)
+        if limit is None:
+            return NodeFree(item.node, item.gpus, item.cpus, item.memory_mb)
+        return NodeFree(
+            item.node,
+            min(item.gpus, limit.gpus),
+            min(item.cpus, limit.cpus),
+            min(item.memory_mb, limit.memory_mb),
+        )
+
+    def view_for(self, short: bool) -> CapacityView:
+        return self.short if short or self.long is None else self.long
+
+    def fence(self, names: set[str]) -> int:
+        """Fence more nodes; returns how many nodes are fenced now."""
+        new = names - self.fenced
+        self.fenced |= new
+        for name in new:
+            self._refresh(name)
+        return len(self.fenced)
+
+    def started(self, job: QueuedJob, choice: Choice, *, past_reservation: bool) -> None:
+        """Follow a start on the state: it takes from the shadow if it runs past the time."""
+        for name, count in choice:
+            if past_reservation and name in self.shadow:
+                self.shadow[name] = self.shadow[name] - job.per_learner.scaled(count)
+            self._refresh(name)
+
+    def _refresh(self, name: str) -> None:
+        item = self.state.free[name]
+        if name in self.fenced:
+            self.short.set_free(name, 0, 0.0, 0)
+        else:
+            self.short.set_free(name, item.gpus, item.cpus, item.memory_mb)
+        if self.long is not None:
+            limited = self._long_free(name, item)
+            self.long.set_free(name, limited.gpus, limited.cpus, limited.memory_mb)
 
 
 def choice_usage(job: QueuedJob, choice: Choice) -> tuple[tuple[str, Resources], ...]:
@@ -140,15 +180,21 @@ class QueueSimulation:
         self.now = now
         self.clock = now
         self._gpus, self._cpus, self._memory = free.gpus, free.cpus, free.memory_mb
+        # Released later (by known end times): the pool can grow at most by this much.
+        self._later_gpus, self._later_cpus, self._later_memory = 0, 0.0, 0
         self._events: list[tuple[float, int, int, float, int]] = []
-        self._pending = [0, 0.0, 0]
         self._forever_running = False
         self._forever_ahead = False
-        self._typical_used = typical_used
+        self._estimate = ETA_WITH_TYPICAL if typical_used else ETA_FROM_EXPECTED
         self._sequence = 0
 
     def hold(self, amount: Resources, until: float | None, *, running: bool) -> None:
         """Something already holding resources, released at ``until`` (None: never known)."""
+        self._hold(amount.gpus, amount.cpus, amount.memory_mb, until, running)
+
+    def _hold(
+        self, gpus: int, cpus: float, memory: int, until: float | None, running: bool
+    ) -> None:
         if until is None:
             if running:
                 self._forever_running = True
@@ -156,58 +202,56 @@ class QueueSimulation:
                 self._forever_ahead = True
             return
         self._sequence += 1
-        event = (max(until, self.now), self._sequence, amount.gpus, amount.cpus, amount.memory_mb)
-        heapq.heappush(self._events, event)
-        self._pending[0] += amount.gpus
-        self._pending[1] += amount.cpus
-        self._pending[2] += amount.memory_mb
+        heapq.heappush(self._events, (max(until, self.now), self._sequence, gpus, cpus, memory))
+        self._later_gpus += gpus
+        self._later_cpus += cpus
+        self._later_memory += memory
 
     def release_now(self, amount: Resources) -> None:
         self._gpus += amount.gpus
         self._cpus += amount.cpus
         self._memory += amount.memory_mb
 
-    def _fits(self, need: Resources) -> bool:
-        return (
-            need.gpus <= self._gpus
-            and need.cpus <= self._cpus + CPU_EPSILON
-            and need.memory_mb <= self._memory
-        )
-
     def _pop(self) -> float:
         at, _seq, gpus, cpus, memory = heapq.heappop(self._events)
         self._gpus += gpus
         self._cpus += cpus
         self._memory += memory
-        self._pending[0] -= gpus
-        self._pending[1] -= cpus
-        self._pending[2] -= memory
+        self._later_gpus -= gpus
+        self._later_cpus -= cpus
+        self._later_memory -= memory
         return at
 
+    def _never_reason(self) -> str:
+        if self._forever_running and self._forever_ahead:
+            return UNKNOWN_BOTH
+        if self._forever_running:
+            return UNKNOWN_RUNNING
+        if self._forever_ahead:
+            return UNKNOWN_AHEAD
+        return TOO_SMALL
+
     def admit(
-        self, need: Resources, duration: float | None, not_before: float | None = None
+        self, job: QueuedJob, duration: float | None, not_before: float | None = None
     ) -> tuple[float | None, str]:
-        """Seconds from now until ``need`` could start, or None with the reason."""
+        """Seconds from now until ``job`` could start, or None with the reason."""
+        per, learners = job.per_learner, job.learners
+        gpus, cpus, memory = per.gpus * learners, per.cpus * learners, per.memory_mb * learners
         if (
-            need.gpus > self._gpus + self._pending[0]
-            or need.cpus > self._cpus + self._pending[1] + CPU_EPSILON
-            or need.memory_mb > self._memory + self._pending[2]
+            gpus > self._gpus + self._later_gpus
+            or cpus > self._cpus + self._later_cpus + CPU_EPSILON
+            or memory > self._memory + self._later_memory
         ):
-            if self._forever_running and self._forever_ahead:
-                return None, UNKNOWN_BOTH
-            if self._forever_running:
-                return None, UNKNOWN_RUNNING
-            if self._forever_ahead:
-                return None, UNKNOWN_AHEAD
-            return None, TOO_SMALL
-        at = self.clock if not_before is None else max(self.clock, not_before)
-        while self._events and self._events[0][0] <= at:
+            return None, self._never_reason()
+        at = self.clock if not_before is None or not_before < self.clock else not_before
+        events = self._events
+        while events and events[0][0] <= at:
             self._pop()
-        while not self._fits(need):
+        while gpus > self._gpus or cpus > self._cpus + CPU_EPSILON or memory > self._memory:
             at = self._pop()
         self.clock = at
-        self._gpus -= need.gpus
-        self._cpus -= need.cpus
-        self._memory -= need.memory_mb
-        self.hold(need, None if duration is None else at + duration, running=False)
-        return at - self.now, ETA_WITH_TYPICAL if self._typical_used else ETA_FROM_EXPECTED
+        self._gpus -= gpus
+        self._cpus -= cpus
+        self._memory -= memory
+        self._hold(gpus, cpus, memory, None if duration is None else at + duration, False)
+        return at - self.now, self._estimate

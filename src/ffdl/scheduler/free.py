@@ -132,16 +132,17 @@ class Pool:
         self.free_cpus += max(free.cpus, 0.0)
         self.free_memory_mb += max(free.memory_mb, 0)
 
-    def move(self, name: str, before: NodeFree, after: NodeFree) -> None:
+    def move(self, name: str, before: tuple[int, float, int], after: NodeFree) -> None:
         size = len(self.levels)
-        old, new = self.level_of(before.gpus, size), self.level_of(after.gpus, size)
+        old, new = self.level_of(before[0], size), self.level_of(after.gpus, size)
         if old != new:
             del self.levels[old][name]
             self.levels[new][name] = None
-            self.top_hint = max(self.top_hint, new)
-        self.free_gpus += max(after.gpus, 0) - max(before.gpus, 0)
-        self.free_cpus += max(after.cpus, 0.0) - max(before.cpus, 0.0)
-        self.free_memory_mb += max(after.memory_mb, 0) - max(before.memory_mb, 0)
+            if new > self.top_hint:
+                self.top_hint = new
+        self.free_gpus += max(after.gpus, 0) - max(before[0], 0)
+        self.free_cpus += max(after.cpus, 0.0) - max(before[1], 0.0)
+        self.free_memory_mb += max(after.memory_mb, 0) - max(before[2], 0)
 
     @property
     def top(self) -> int:
@@ -222,7 +223,7 @@ class CapacityView:
 
     def set_free(self, name: str, gpus: int, cpus: float, memory_mb: int) -> None:
         item = self.free[name]
-        before = NodeFree(item.node, item.gpus, item.cpus, item.memory_mb)
+        before = (item.gpus, item.cpus, item.memory_mb)
         item.gpus, item.cpus, item.memory_mb = gpus, cpus, memory_mb
         for pool in self._memberships.get(name, ()):
             pool.move(name, before, item)

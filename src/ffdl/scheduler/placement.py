@@ -267,15 +267,29 @@ class ClusterShape:
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.nodes = tuple(nodes)
         self.classes = self._count(self.nodes)
+        self.schedulable = self._schedulable_names(self.nodes)
         self._by_label: dict[str, dict[str, dict[_NodeClass, int]]] = {}
+        self._names_by_label: dict[str, dict[str, dict[_NodeClass, list[str]]]] = {}
 
     @staticmethod
-    def _count(nodes: Sequence[Node]) -> dict[_NodeClass, int]:
+    def _class_of(node: Node) -> _NodeClass:
+        return _NodeClass(node.gpus, node.cpus, node.memory_mb, node.gpu_type)
+
+    @classmethod
+    def _count(cls, nodes: Sequence[Node]) -> dict[_NodeClass, int]:
         classes: dict[_NodeClass, int] = {}
         for node in nodes:
-            key = _NodeClass(node.gpus, node.cpus, node.memory_mb, node.gpu_type)
+            key = cls._class_of(node)
             classes[key] = classes.get(key, 0) + 1
         return classes
+
+    @classmethod
+    def _schedulable_names(cls, nodes: Sequence[Node]) -> dict[_NodeClass, list[str]]:
+        names: dict[_NodeClass, list[str]] = {}
+        for node in nodes:
+            if node.schedulable:
+                names.setdefault(cls._class_of(node), []).append(node.name)
+        return names
 
     def label_classes(self, key: str) -> dict[str, dict[_NodeClass, int]]:
         groups = self._by_label.get(key)
@@ -287,7 +301,14 @@ class ClusterShape:
                     members.setdefault(value, []).append(node)
             groups = {value: self._count(members[value]) for value in sorted(members)}
             self._by_label[key] = groups
+            self._names_by_label[key] = {
+                value: self._schedulable_names(members[value]) for value in sorted(members)
+            }
         return groups
+
+    def label_names(self, key: str) -> dict[str, dict[_NodeClass, list[str]]]:
+        self.label_classes(key)
+        return self._names_by_label[key]
 
 
 def _typed(classes: dict[_NodeClass, int], gpu_type: str | None) -> dict[_NodeClass, int]:
@@ -403,29 +424,26 @@ def never_fits(job: QueuedJob, nodes: Sequence[Node]) -> str | None:
     return never_fits_on(job, ClusterShape(nodes))
 
 
-def usable_nodes(job: QueuedJob, nodes: Sequence[Node]) -> set[str]:
+def usable_nodes(job: QueuedJob, shape: ClusterShape) -> set[str]:
     """Schedulable nodes this job could ever use: its GPU type, big enough for a learner,
     and (with locality) carrying a label value whose nodes could hold the whole gang."""
     per = job.per_learner
-    fitting = [
-        node
-        for node in nodes
-        if node.schedulable
-        and (job.gpu_type is None or node.gpu_type == job.gpu_type)
-        and slots_for(node.gpus, node.cpus, node.memory_mb, per) > 0
-    ]
+
+    def fitting(c: _NodeClass) -> bool:
+        return (job.gpu_type is None or c.gpu_type == job.gpu_type) and slots_for(
+            c.gpus, c.cpus, c.memory_mb, per
+        ) > 0
+
     if job.same_label is None:
-        return {node.name for node in fitting}
-    groups: dict[str, list[Node]] = {}
-    for node in fitting:
-        value = node.labels.get(job.same_label)
-        if value is not None:
-            groups.setdefault(value, []).append(node)
+        return {name for c, names in shape.schedulable.items() if fitting(c) for name in names}
     usable: set[str] = set()
-    for members in groups.values():
-        room = sum(slots_for(n.gpus, n.cpus, n.memory_mb, per) for n in members)
-        if room >= job.learners:
-            usable.update(n.name for n in members)
+    names_by_value = shape.label_names(job.same_label)
+    for value, classes in shape.label_classes(job.same_label).items():
+        typed = {c: n for c, n in classes.items() if fitting(c)}
+        if _class_slots(typed, per) >= job.learners:
+            for c, names in names_by_value[value].items():
+                if c in typed:
+                    usable.update(names)
     return usable
 
 

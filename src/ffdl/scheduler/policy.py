@@ -22,8 +22,9 @@ Owns how the parts combine in one pass over the queue (priority, then FIFO):
    quota could use; otherwise they wait with the quota named.
 6. Every job that did not start gets its position, a reason and an ETA (``eta``).
 
-Preempted resources are not reused in the same pass: the victims must checkpoint first and
-the preemptor starts in a later pass once they are halted.
+At most ``max_preemptors`` jobs preempt in one pass. Preempted resources are not reused in
+the same pass: the victims must checkpoint first, and the preemptor starts in a later pass
+once they are halted.
 """
 
 from __future__ import annotations
@@ -32,15 +33,14 @@ from dataclasses import dataclass
 
 from ffdl.core.resources import Placement, Resources
 from ffdl.scheduler.eta import (
+    BackfillLimits,
     QueueSimulation,
     Release,
     Reservation,
-    backfill_view,
     choice_usage,
-    refresh_backfill_node,
     reserve,
 )
-from ffdl.scheduler.free import CapacityView, FreeState
+from ffdl.scheduler.free import FreeState
 from ffdl.scheduler.placement import (
     Choice,
     ClusterShape,
@@ -53,16 +53,9 @@ from ffdl.scheduler.placement import (
     plural,
     usable_nodes,
 )
-from ffdl.scheduler.preemption import (
-    VictimUsage,
-    choose_victims,
-    eligible_victims,
-    split_claim,
-    victim_usage,
-)
+from ffdl.scheduler.preemption import VictimIndex, VictimUsage, split_claim, victim_usage
 from ffdl.scheduler.queue import (
     DEFAULT_AGING_THRESHOLD_S,
-    AheadCounter,
     behind_reason,
     has_aged,
     queue_order,
@@ -83,7 +76,11 @@ __all__ = ["Plan", "never_fits", "plan", "schedule"]
 # Why a job did not start, decided during the walk; the words come at the end.
 _NEVER, _QUOTA, _PREEMPTING, _HEAD, _CAPACITY, _HELD = range(6)
 
-_ShapeKey = tuple[Resources, int, str | None, str | None]
+# Preempting jobs per pass: each one costs victims a checkpoint, so the cluster is not
+# churned in one go (and a pass stays fast); the next pass lets the next ones preempt.
+DEFAULT_MAX_PREEMPTORS = 8
+
+_ShapeKey = tuple[int, float, int, int, str | None, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +98,16 @@ def schedule(
     backfill: bool = True,
     preemption: bool = True,
     aging_threshold_s: float = DEFAULT_AGING_THRESHOLD_S,
+    max_preemptors: int = DEFAULT_MAX_PREEMPTORS,
 ) -> Decisions:
     """Decide which queued jobs start where, which running jobs to preempt, and why the
     others wait. Pure: the same snapshot always gives the same decisions."""
     return plan(
-        snapshot, backfill=backfill, preemption=preemption, aging_threshold_s=aging_threshold_s
+        snapshot,
+        backfill=backfill,
+        preemption=preemption,
+        aging_threshold_s=aging_threshold_s,
+        max_preemptors=max_preemptors,
     ).decisions
 
 
@@ -115,13 +117,16 @@ def plan(
     backfill: bool = True,
     preemption: bool = True,
     aging_threshold_s: float = DEFAULT_AGING_THRESHOLD_S,
+    max_preemptors: int = DEFAULT_MAX_PREEMPTORS,
 ) -> Plan:
     """``schedule`` with the head's reservation and the borrowing starts."""
-    return _Pass(snapshot, backfill, preemption, aging_threshold_s).run()
+    return _Pass(snapshot, backfill, preemption, aging_threshold_s, max_preemptors).run()
 
 
 def _shape(job: QueuedJob) -> _ShapeKey:
-    return (job.per_learner, job.learners, job.gpu_type, job.same_label)
+    """What placement depends on, as plain values (cheap to hash for 10,000 jobs)."""
+    per = job.per_learner
+    return (per.gpus, per.cpus, per.memory_mb, job.learners, job.gpu_type, job.same_label)
 
 
 def _duration_words(seconds: float) -> str:
@@ -140,14 +145,20 @@ class _Hold:
 
     job: QueuedJob
     from_free: dict[str, Resources]
-    victims_left: Resources  # victims' resources it does not need, free once they halt
-    taken: Resources
+    victims_left: dict[str, Resources]  # what it does not need, free once the victims halt
+    placement: tuple[tuple[str, Resources], ...]
 
 
 class _Pass:
     def __init__(
-        self, snapshot: Snapshot, backfill: bool, preemption: bool, aging_threshold_s: float
+        self,
+        snapshot: Snapshot,
+        backfill: bool,
+        preemption: bool,
+        aging_threshold_s: float,
+        max_preemptors: int,
     ) -> None:
+        self.max_preemptors = max_preemptors
         self.snap = snapshot
         self.now = snapshot.now
         self.backfill = backfill
@@ -157,6 +168,7 @@ class _Pass:
         self.shape = ClusterShape(snapshot.nodes)
         self.quota = QuotaBook(snapshot.quotas, snapshot.running, snapshot.typical_duration_s)
         self.borrowers = borrowing_jobs(snapshot.quotas, snapshot.running)
+        self._victim_index: VictimIndex | None = None  # built on first preemption
         self.order = queue_order(snapshot.queued)
         self.schedulable = {n.name for n in snapshot.nodes if n.schedulable}
         self.starts: list[Start] = []
@@ -169,12 +181,12 @@ class _Pass:
         self.waiting_in_quota: list[QueuedJob] = []
         self.never_cache: dict[_ShapeKey, str | None] = {}
         self.usable_cache: dict[_ShapeKey, set[str]] = {}
-        self.no_fit_cache: dict[tuple[_ShapeKey, bool], tuple[int, int, int]] = {}
+        self.no_fit_cache: dict[tuple[_ShapeKey, bool], tuple[int, int]] = {}
+        self.fits_now_cache: dict[_ShapeKey, tuple[int, bool]] = {}
+        self.fenced_shapes: set[_ShapeKey] = set()
         self.head: QueuedJob | None = None
         self.reservation: Reservation | None = None
-        self.shadow: dict[str, Resources] = {}
-        self.long_view: CapacityView | None = None
-        self.excluded: set[str] = set()
+        self.limits: BackfillLimits | None = None  # set once a job blocks the queue
         self.closed = False  # nothing more may start in the main walk
 
     # -- the walk ----------------------------------------------------------------------
@@ -182,7 +194,8 @@ class _Pass:
     def run(self) -> Plan:
         deferred: list[tuple[QueuedJob, str]] = []
         for job in self.order:
-            never = self._never(job)
+            key = _shape(job)
+            never = self._never(job, key)
             if never is not None:
                 self.outcome[job.id] = (_NEVER, never)
                 continue
@@ -192,7 +205,7 @@ class _Pass:
                 continue
             if not self.closed:
                 short = self._is_short(job)
-                choice = self._try(job, short)
+                choice = self._try(job, key, short)
                 if choice is not None:
                     self._start(job, choice, short)
                     continue
@@ -202,9 +215,9 @@ class _Pass:
                     self._become_head(job)
                     self.waiting_in_quota.append(job)
                     continue
-            self.outcome[job.id] = (_HELD if self._fits_now(job) else _CAPACITY, "")
+            self.outcome[job.id] = (_HELD if self._fits_now(job, key) else _CAPACITY, "")
             self.waiting_in_quota.append(job)
-            if has_aged(job, self.now, self.aging_threshold_s):
+            if not self.closed and has_aged(job, self.now, self.aging_threshold_s):
                 self._fence(job)
         self._borrow(deferred)
         return Plan(
@@ -213,11 +226,11 @@ class _Pass:
             tuple(self.borrowed),
         )
 
-    def _never(self, job: QueuedJob) -> str | None:
-        key = _shape(job)
-        if key not in self.never_cache:
-            self.never_cache[key] = never_fits_on(job, self.shape)
-        return self.never_cache[key]
+    def _never(self, job: QueuedJob, key: _ShapeKey) -> str | None:
+        if key in self.never_cache:
+            return self.never_cache[key]
+        reason = self.never_cache[key] = never_fits_on(job, self.shape)
+        return reason
 
     def _is_short(self, job: QueuedJob) -> bool:
         """Expected to end before the head's reserved time (so it cannot delay the head)."""
@@ -228,32 +241,25 @@ class _Pass:
             and self.now + job.expected_duration_s <= at
         )
 
-    def _try(self, job: QueuedJob, short: bool) -> Choice | None:
-        view: CapacityView = self.state
-        if self.long_view is not None and not short:
-            view = self.long_view
-        key = (_shape(job), short)
-        versions = (self.state.version, view.version, len(self.excluded))
-        if self.no_fit_cache.get(key) == versions:
+    def _try(self, job: QueuedJob, key: _ShapeKey, short: bool) -> Choice | None:
+        view = self.state if self.limits is None else self.limits.view_for(short)
+        versions = (id(view), view.version)
+        if self.no_fit_cache.get((key, short)) == versions:
             return None
-        choice = find_nodes(
-            view, job, effective_policy(job, self.snap.default_placement), self.excluded or None
-        )
+        choice = find_nodes(view, job, effective_policy(job, self.snap.default_placement))
         if choice is None:
-            self.no_fit_cache[key] = versions
+            self.no_fit_cache[(key, short)] = versions
         return choice
 
-    def _fits_now(self, job: QueuedJob) -> bool:
+    def _fits_now(self, job: QueuedJob, key: _ShapeKey) -> bool:
         """Whether it would fit what is free, ignoring reservations and fences."""
-        key = (_shape(job), True)
-        versions = (self.state.version, self.state.version, -1)
-        if self.no_fit_cache.get(key) == versions:
-            return False
+        cached = self.fits_now_cache.get(key)
+        if cached is not None and cached[0] == self.state.version:
+            return cached[1]
         policy = effective_policy(job, self.snap.default_placement)
-        if find_nodes(self.state, job, policy) is not None:
-            return True
-        self.no_fit_cache[key] = versions
-        return False
+        fits = find_nodes(self.state, job, policy) is not None
+        self.fits_now_cache[key] = (self.state.version, fits)
+        return fits
 
     def _duration(self, job: QueuedJob) -> float | None:
         return job.expected_duration_s or self.snap.typical_duration_s
@@ -266,11 +272,8 @@ class _Pass:
         self.quota.charge(
             job.tenant, job.total.gpus, None if duration is None else self.now + duration
         )
-        if self.long_view is not None:
-            for name, count in choice:
-                if not short:
-                    self.shadow[name] = self.shadow[name] - job.per_learner.scaled(count)
-                refresh_backfill_node(self.long_view, self.state, self.shadow, name)
+        if self.limits is not None:
+            self.limits.started(job, choice, past_reservation=not short)
         return placement
 
     # -- the head ----------------------------------------------------------------------
@@ -282,11 +285,11 @@ class _Pass:
             self.closed = True
         policy = effective_policy(job, self.snap.default_placement)
         self.reservation, shadow = reserve(job, policy, self.state, self._releases(), self.now)
+        self.limits = BackfillLimits(self.state)
         if self.reservation.at is None:
             self._fence(job)
-        elif self.backfill:
-            self.shadow = shadow
-            self.long_view = backfill_view(self.state, shadow)
+        else:
+            self.limits.set_shadow(shadow)
 
     def _releases(self) -> list[Release]:
         releases = []
@@ -319,23 +322,33 @@ class _Pass:
             releases.append(Release(hold.job.id, at, tuple(hold.from_free.items())))
         return releases
 
-    def _fence(self, job: QueuedJob) -> None:
-        """Keep later jobs off every node ``job`` could use."""
+    def _usable(self, job: QueuedJob) -> set[str]:
         key = _shape(job)
         usable = self.usable_cache.get(key)
         if usable is None:
-            usable = self.usable_cache[key] = usable_nodes(job, self.snap.nodes)
-        self.excluded |= usable
-        if self.excluded >= self.schedulable:
-            self.closed = True
+            usable = self.usable_cache[key] = usable_nodes(job, self.shape)
+        return usable
+
+    def _fence(self, job: QueuedJob) -> None:
+        """Keep later jobs off every node ``job`` could use."""
+        key = _shape(job)
+        if self.closed or self.limits is None or key in self.fenced_shapes:
+            return
+        self.fenced_shapes.add(key)
+        usable = self._usable(job)
+        if len(usable | self.limits.fenced) >= len(self.schedulable):
+            self.closed = True  # nothing can start any more: no need to update the views
+            return
+        self.limits.fence(usable)
 
     # -- preemption --------------------------------------------------------------------
 
     def _preempt(self, job: QueuedJob) -> bool:
-        candidates = eligible_victims(job, self.snap.running, set(self.victims), self.borrowers)
-        if not candidates:
+        if len(self.holds) >= self.max_preemptors:
             return False
-        chosen = choose_victims(job, self.state, candidates)
+        if self._victim_index is None:
+            self._victim_index = VictimIndex(self.snap.running, self.borrowers)
+        chosen = self._victim_index.choose(job, self.state)
         if chosen is None:
             return False
         freed = victim_usage(chosen, self.state.free)
@@ -347,6 +360,7 @@ class _Pass:
         if choice is None:
             return False
         self._hold(job, choice, freed)
+        self._victim_index.mark_chosen(chosen)
         for victim in chosen:
             self.victims[victim.job.id] = victim.job
             reason = f"preempted by {job.id}"
@@ -362,10 +376,11 @@ class _Pass:
 
     def _hold(self, job: QueuedJob, choice: Choice, freed: VictimUsage) -> None:
         """Take what the preemptor's trial placement needs beyond the victims' share."""
-        from_free, victims_left = split_claim(choice_usage(job, choice), freed)
+        usage = choice_usage(job, choice)
+        from_free, victims_left = split_claim(usage, freed)
         for name, extra in from_free.items():
             self.state.claim(name, extra, self.state.free[name].gpu_ids[: extra.gpus])
-        self.holds.append(_Hold(job, from_free, victims_left, job.total))
+        self.holds.append(_Hold(job, from_free, victims_left, usage))
 
     # -- borrowing ---------------------------------------------------------------------
 
@@ -382,10 +397,7 @@ class _Pass:
             key = _shape(waiting)
             if key not in seen:
                 seen.add(key)
-                usable = self.usable_cache.get(key)
-                if usable is None:
-                    usable = self.usable_cache[key] = usable_nodes(waiting, self.snap.nodes)
-                fenced |= usable
+                fenced |= self._usable(waiting)
         shut = shut or (bool(fenced) and fenced >= self.schedulable)
         for job, over in deferred:
             if shut:
@@ -408,9 +420,15 @@ class _Pass:
 
     # -- waiting reasons and ETAs ------------------------------------------------------
 
-    def _simulation(self) -> QueueSimulation:
+    def _simulation(self, gpu_type: str | None) -> QueueSimulation:
+        """The pooled simulation over the nodes a job of ``gpu_type`` may use."""
+        names = {
+            name
+            for name in self.schedulable
+            if gpu_type is None or self.state.free[name].node.gpu_type == gpu_type
+        }
         free = Resources()
-        for name in self.schedulable:
+        for name in names:
             item = self.state.free[name]
             free = free + Resources(max(item.gpus, 0), max(item.cpus, 0.0), max(item.memory_mb, 0))
         typical = self.snap.typical_duration_s
@@ -422,18 +440,28 @@ class _Pass:
         for running in self.snap.running:
             if running.id in self.victims:
                 continue
-            on_pool = sum(1 for lp in running.placement.learners if lp.node in self.schedulable)
-            if on_pool:
+            here = sum(1 for lp in running.placement.learners if lp.node in names)
+            if here:
                 duration = running.expected_duration_s or typical
                 end = None if duration is None else running.started_at + duration
-                sim.hold(running.per_learner.scaled(on_pool), end, running=True)
-        for job in self.started.values():
-            duration = self._duration(job)
-            sim.hold(job.total, None if duration is None else self.now + duration, running=True)
+                sim.hold(running.per_learner.scaled(here), end, running=True)
+        for start in self.starts:
+            job = self.started[start.job_id]
+            here = sum(1 for lp in start.placement.learners if lp.node in names)
+            if here:
+                duration = self._duration(job)
+                end = None if duration is None else self.now + duration
+                sim.hold(job.per_learner.scaled(here), end, running=True)
         for hold in self.holds:
             duration = self._duration(hold.job)
-            sim.release_now(hold.victims_left)
-            sim.hold(hold.taken, None if duration is None else self.now + duration, running=True)
+            for name, left in hold.victims_left.items():
+                if name in names:
+                    sim.release_now(left)
+            taken = Resources()
+            for name, amount in hold.placement:
+                if name in names:
+                    taken = taken + amount
+            sim.hold(taken, None if duration is None else self.now + duration, running=True)
         return sim
 
     def _head_words(self, job: QueuedJob) -> str:
@@ -449,40 +477,47 @@ class _Pass:
         return f"{shortfall}; reserved: waiting for {who} to finish (expected in {when})"
 
     def _waiting(self) -> tuple[Waiting, ...]:
-        sim = self._simulation()
-        counter = AheadCounter()
+        # One pooled simulation per GPU type asked for (None: the whole cluster).
+        sims: dict[str | None, QueueSimulation] = {}
         shortfalls: dict[_ShapeKey, str] = {}
         out: list[Waiting] = []
+        started, outcome, now = self.started, self.outcome, self.now
+        typical = self.snap.typical_duration_s
+        # Waiting jobs ahead, and how many of them are of a higher priority.
+        ahead, ahead_higher, priority = 0, 0, None
         for job in self.order:
-            if job.id in self.started:
+            if job.id in started:
                 continue
-            kind, detail = self.outcome[job.id]
-            higher, earlier = counter.ahead_of(job)
-            counter.add_waiting()
+            if job.priority != priority:
+                priority, ahead_higher = job.priority, ahead
+            kind, detail = outcome[job.id]
+            sim = sims.get(job.gpu_type)
+            if sim is None:
+                sim = sims[job.gpu_type] = self._simulation(job.gpu_type)
             eta: float | None
-            if kind == _NEVER:
-                eta, eta_reason = None, "it can never fit this cluster"
+            if kind == _HELD:
+                reason = behind_reason(ahead_higher, ahead - ahead_higher)
+                eta, eta_reason = sim.admit(job, job.expected_duration_s or typical)
+            elif kind == _CAPACITY:
+                key = _shape(job)
+                reason = shortfalls.get(key) or shortfalls.setdefault(
+                    key, describe_shortfall(self.state, job)
+                )
+                eta, eta_reason = sim.admit(job, job.expected_duration_s or typical)
+            elif kind == _HEAD:
+                reason = self._head_words(job)
+                not_before = self.reservation.at if self.reservation is not None else None
+                eta, eta_reason = sim.admit(job, job.expected_duration_s or typical, not_before)
+            elif kind == _QUOTA:
+                at, eta_reason = self.quota.within_quota_at(job, now)
+                eta = None if at is None else max(at, sim.clock) - now
                 reason = detail
             elif kind == _PREEMPTING:
                 eta, eta_reason = 0.0, "starts once the preempted jobs have checkpointed"
                 reason = detail
-            elif kind == _QUOTA:
-                at, eta_reason = self.quota.within_quota_at(job, self.now)
-                eta = None if at is None else max(at, sim.clock) - self.now
-                reason = detail
             else:
-                not_before = None
-                if kind == _HEAD:
-                    reason = self._head_words(job)
-                    if self.reservation is not None:
-                        not_before = self.reservation.at
-                elif kind == _HELD:
-                    reason = behind_reason(higher, earlier)
-                else:
-                    key = _shape(job)
-                    if key not in shortfalls:
-                        shortfalls[key] = describe_shortfall(self.state, job)
-                    reason = shortfalls[key]
-                eta, eta_reason = sim.admit(job.total, self._duration(job), not_before)
-            out.append(Waiting(job.id, len(out) + 1, reason, eta, eta_reason))
+                eta, eta_reason = None, "it can never fit this cluster"
+                reason = detail
+            ahead += 1
+            out.append(Waiting(job.id, ahead, reason, eta, eta_reason))
         return tuple(out)

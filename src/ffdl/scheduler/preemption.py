@@ -14,9 +14,13 @@ Owns the victim rules:
 
 Fit is exact and cheap: a gang fits iff the learner slots on the nodes it may use (per label
 value, with locality) add up to its learner count, so a candidate set is checked by
-recounting slots on the few nodes its victims free. The minimum-count search tries sets of
-growing size in preference order up to a budget of checks; past the budget it keeps the
-greedy set with every victim that is not needed removed.
+recounting slots on the few nodes its victims free.
+
+The search for the fewest victims works per node: on each node, victims are taken largest
+first until the node gains slots; a node that alone makes the job fit costs that many
+victims, otherwise nodes are combined best gain-per-victim first. The set is then checked
+exactly, any victim that is not needed is dropped, and when there are few candidates every
+smaller set is also tried in preference order, so the count is the true minimum there.
 """
 
 from __future__ import annotations
@@ -29,46 +33,26 @@ from ffdl.core.resources import Resources
 from ffdl.scheduler.free import CapacityView, node_slots, slots_for
 from ffdl.scheduler.snapshot import QueuedJob, RunningJob
 
-DEFAULT_SEARCH_BUDGET = 400
+# Up to this many candidates, all smaller victim sets are tried (within the budget).
+EXACT_SEARCH_CANDIDATES = 12
+EXACT_SEARCH_BUDGET = 5000
+
+# A victim's usage per usable node: (node, GPUs, CPUs, memory MiB).
+_Usage = tuple[tuple[str, int, float, int], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    job: RunningJob
-    borrowing: str | None = None  # the quota it exceeds, when it runs on borrowed capacity
-
-    def preference(self) -> tuple[int, int, float, str]:
-        return (0 if self.borrowing else 1, self.job.priority, -self.job.started_at, self.job.id)
-
-
-def eligible_victims(
-    job: QueuedJob,
-    running: Iterable[RunningJob],
-    already_chosen: set[str],
-    borrowers: dict[str, str],
-) -> list[Candidate]:
-    """Running jobs ``job`` may preempt, most preferred first."""
-    candidates = [
-        Candidate(victim, borrowers.get(victim.id))
-        for victim in running
-        if victim.preemptible
-        and victim.id not in already_chosen
-        and (victim.id in borrowers or victim.priority < job.priority)
-    ]
-    candidates.sort(key=Candidate.preference)
-    return candidates
-
-
-class _SlotCounter:
-    """Learner slots for one job on the nodes it may use, grouped by locality value."""
+class _Evaluator:
+    """Learner slots for one job on the nodes it may use, as victims are added or removed."""
 
     def __init__(self, view: CapacityView, job: QueuedJob) -> None:
         self.view = view
         self.job = job
         self.per = job.per_learner
         self.learners = job.learners
-        self.base: dict[str, int] = {}
-        self.group_base: dict[str, int] = {}
+        self.slots: dict[str, int] = {}
+        self.group_total: dict[str, int] = {}
+        self.freed: dict[str, list[float]] = {}
+        self._groups: dict[str, str | None] = {}
         label = job.same_label
         pools = (
             list(view.label_groups(label).values())
@@ -84,115 +68,259 @@ class _SlotCounter:
             )
             for name in names:
                 group = self.group_of(name)
-                slots = node_slots(view.free[name], self.per) if group is not None else 0
-                if group is not None and slots:
-                    self.base[name] = slots
-                    self.group_base[group] = self.group_base.get(group, 0) + slots
+                if group is None:
+                    continue
+                slots = node_slots(view.free[name], self.per)
+                if slots:
+                    self.slots[name] = slots
+                    self.group_total[group] = self.group_total.get(group, 0) + slots
 
     def group_of(self, name: str) -> str | None:
         """The locality group of a node the job may use ("" without locality), else None."""
+        if name in self._groups:
+            return self._groups[name]
         item = self.view.free.get(name)
-        if item is None or not item.node.schedulable:
-            return None
-        if self.job.gpu_type is not None and item.node.gpu_type != self.job.gpu_type:
-            return None
-        if self.job.same_label is None:
-            return ""
-        return item.node.labels.get(self.job.same_label)
+        group: str | None = None
+        if (
+            item is not None
+            and item.node.schedulable
+            and (self.job.gpu_type is None or item.node.gpu_type == self.job.gpu_type)
+        ):
+            label = self.job.same_label
+            group = "" if label is None else item.node.labels.get(label)
+        self._groups[name] = group
+        return group
 
-    def usable_usage(self, victim: RunningJob) -> dict[str, Resources]:
-        usage: dict[str, Resources] = {}
-        for learner in victim.placement.learners:
-            if self.group_of(learner.node) is not None:
-                usage[learner.node] = usage.get(learner.node, Resources()) + victim.per_learner
-        return usage
-
-    def fits(self, freed: dict[str, Resources]) -> bool:
-        delta: dict[str, int] = {}
-        for name, extra in freed.items():
+    def _apply(self, usage: _Usage, sign: int) -> None:
+        for name, gpus, cpus, memory in usage:
+            group = self.group_of(name)
+            if group is None:
+                continue
+            freed = self.freed.get(name)
+            if freed is None:
+                freed = self.freed[name] = [0, 0.0, 0]
+            freed[0] += sign * gpus
+            freed[1] += sign * cpus
+            freed[2] += sign * memory
             item = self.view.free[name]
             slots = slots_for(
-                item.gpus + extra.gpus,
-                item.cpus + extra.cpus,
-                item.memory_mb + extra.memory_mb,
+                item.gpus + int(freed[0]),
+                item.cpus + freed[1],
+                item.memory_mb + int(freed[2]),
                 self.per,
             )
-            group = self.group_of(name)
-            assert group is not None
-            delta[group] = delta.get(group, 0) + slots - self.base.get(name, 0)
-        return any(self.group_base.get(g, 0) + d >= self.learners for g, d in delta.items())
+            self.group_total[group] = (
+                self.group_total.get(group, 0) + slots - self.slots.get(name, 0)
+            )
+            self.slots[name] = slots
+
+    def helps(self, usage: _Usage) -> bool:
+        return any(self.group_of(name) is not None for name, _g, _c, _m in usage)
+
+    def add(self, usage: _Usage) -> None:
+        self._apply(usage, 1)
+
+    def remove(self, usage: _Usage) -> None:
+        self._apply(usage, -1)
+
+    def fits(self) -> bool:
+        return any(total >= self.learners for total in self.group_total.values())
 
 
-def _freed_by(
-    chosen: Sequence[Candidate], usage: dict[str, dict[str, Resources]]
-) -> dict[str, Resources]:
-    freed: dict[str, Resources] = {}
-    for candidate in chosen:
-        for name, amount in usage[candidate.job.id].items():
-            freed[name] = freed.get(name, Resources()) + amount
-    return freed
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    job: RunningJob
+    borrowing: str | None = None  # the quota it exceeds, when it runs on borrowed capacity
+
+    def preference(self) -> tuple[int, int, float, str]:
+        return (0 if self.borrowing else 1, self.job.priority, -self.job.started_at, self.job.id)
 
 
-def choose_victims(
-    job: QueuedJob,
-    view: CapacityView,
-    candidates: Sequence[Candidate],
-    *,
-    search_budget: int = DEFAULT_SEARCH_BUDGET,
-) -> tuple[Candidate, ...] | None:
-    """The victims to preempt so that ``job`` fits on ``view``, or None if no set does."""
-    counter = _SlotCounter(view, job)
-    usage = {c.job.id: counter.usable_usage(c.job) for c in candidates}
-    helpful = [c for c in candidates if usage[c.job.id]]
-    tiers = [[c for c in helpful if c.borrowing], helpful]
-    for tier in tiers:
-        chosen = _greedy(tier, counter, usage)
-        if chosen is None:
-            continue
-        return _fewest(tier, chosen, counter, usage, search_budget)
-    return None
+class VictimIndex:
+    """The pass's preemptible running jobs, in preference order and per node largest first.
+
+    Built once per pass; ``choose`` is asked for each preempting job and ``mark_chosen``
+    keeps a victim from being chosen twice.
+    """
+
+    def __init__(self, running: Iterable[RunningJob], borrowers: dict[str, str]) -> None:
+        self.ordered = [Candidate(j, borrowers.get(j.id)) for j in running if j.preemptible]
+        self.ordered.sort(key=Candidate.preference)
+        self.rank = {c.job.id: index for index, c in enumerate(self.ordered)}
+        self.chosen: set[str] = set()
+        self.usage: dict[str, _Usage] = {}
+        self.on_node: dict[str, list[tuple[Candidate, int, float, int]]] = {}
+        for candidate in self.ordered:
+            counts: dict[str, int] = {}
+            for learner in candidate.job.placement.learners:
+                counts[learner.node] = counts.get(learner.node, 0) + 1
+            per = candidate.job.per_learner
+            usage = tuple(
+                (name, per.gpus * n, per.cpus * n, per.memory_mb * n) for name, n in counts.items()
+            )
+            self.usage[candidate.job.id] = usage
+            for name, gpus, cpus, memory in usage:
+                self.on_node.setdefault(name, []).append((candidate, gpus, cpus, memory))
+        for entries in self.on_node.values():
+            entries.sort(key=lambda e: (-e[1], -e[2], -e[3], self.rank[e[0].job.id]))
+
+    def eligible(self, job: QueuedJob) -> list[Candidate]:
+        """The victims ``job`` may preempt now, most preferred first."""
+        eligible = []
+        for candidate in self.ordered:
+            if candidate.borrowing is None and candidate.job.priority >= job.priority:
+                break  # the rest are of equal or higher priority
+            if candidate.job.id not in self.chosen:
+                eligible.append(candidate)
+        return eligible
+
+    def mark_chosen(self, victims: Iterable[Candidate]) -> None:
+        self.chosen.update(c.job.id for c in victims)
+
+    def choose(self, job: QueuedJob, view: CapacityView) -> tuple[Candidate, ...] | None:
+        """The victims to preempt so that ``job`` fits on ``view``, or None if no set does."""
+        eligible = self.eligible(job)
+        if not eligible:
+            return None
+        evaluator = _Evaluator(view, job)
+        usage = self.usage
+        borrowed = [c for c in eligible if c.borrowing]
+        for tier in (borrowed, eligible):
+            if not tier:
+                continue
+            chosen = self._by_nodes(job, evaluator, {c.job.id for c in tier}, usage)
+            if chosen is None:
+                if not _all_fit(evaluator, tier, usage):
+                    continue
+                chosen = _in_order(evaluator, tier, usage)
+            chosen = _without_spare(evaluator, chosen, usage)
+            helpful: list[Candidate] = []
+            for candidate in tier:
+                if evaluator.helps(usage[candidate.job.id]):
+                    helpful.append(candidate)
+                    if len(helpful) > EXACT_SEARCH_CANDIDATES:
+                        break
+            if len(helpful) <= EXACT_SEARCH_CANDIDATES:
+                chosen = _exhaustive(evaluator, helpful, usage, len(chosen)) or chosen
+            return tuple(sorted(chosen, key=lambda c: self.rank[c.job.id]))
+        return None
+
+    def _by_nodes(
+        self,
+        job: QueuedJob,
+        evaluator: _Evaluator,
+        allowed: set[str],
+        usage: dict[str, _Usage],
+    ) -> list[Candidate] | None:
+        per = job.per_learner
+        whole: dict[str, list[Candidate]] = {}  # per group: one node that suffices alone
+        partial: dict[str, list[tuple[float, int, list[Candidate]]]] = {}
+        for name, entries in self.on_node.items():
+            group = evaluator.group_of(name)
+            if group is None:
+                continue
+            need = job.learners - evaluator.group_total.get(group, 0)
+            item = evaluator.view.free[name]
+            gpus, cpus, memory = item.gpus, item.cpus, item.memory_mb
+            base = evaluator.slots.get(name, 0)
+            picked: list[Candidate] = []
+            best: tuple[float, int, list[Candidate]] | None = None
+            for candidate, more_gpus, more_cpus, more_memory in entries:
+                if candidate.job.id not in allowed:
+                    continue
+                picked.append(candidate)
+                gpus, cpus, memory = gpus + more_gpus, cpus + more_cpus, memory + more_memory
+                gain = slots_for(gpus, cpus, memory, per) - base
+                if gain >= need:
+                    if group not in whole or len(picked) < len(whole[group]):
+                        whole[group] = list(picked)
+                    break
+                if gain > 0 and (best is None or gain / len(picked) > best[0]):
+                    best = (gain / len(picked), gain, list(picked))
+            if best is not None:
+                partial.setdefault(group, []).append(best)
+        options: list[list[Candidate]] = list(whole.values())
+        for group, plans in partial.items():
+            need = job.learners - evaluator.group_total.get(group, 0)
+            combined: dict[str, Candidate] = {}
+            for _efficiency, gain, victims in sorted(plans, key=lambda p: (-p[0], -p[1])):
+                combined.update((c.job.id, c) for c in victims)
+                need -= gain
+                if need <= 0:
+                    options.append(list(combined.values()))
+                    break
+        options.sort(key=lambda o: (len(o), sorted(self.rank[c.job.id] for c in o)))
+        for option in options:
+            for candidate in option:
+                evaluator.add(usage[candidate.job.id])
+            fits = evaluator.fits()
+            for candidate in option:
+                evaluator.remove(usage[candidate.job.id])
+            if fits:
+                return option
+        return None
 
 
-def _greedy(
-    tier: Sequence[Candidate], counter: _SlotCounter, usage: dict[str, dict[str, Resources]]
-) -> list[Candidate] | None:
+def _all_fit(evaluator: _Evaluator, tier: Sequence[Candidate], usage: dict[str, _Usage]) -> bool:
+    for candidate in tier:
+        evaluator.add(usage[candidate.job.id])
+    fits = evaluator.fits()
+    for candidate in tier:
+        evaluator.remove(usage[candidate.job.id])
+    return fits
+
+
+def _in_order(
+    evaluator: _Evaluator, tier: Sequence[Candidate], usage: dict[str, _Usage]
+) -> list[Candidate]:
+    """Victims in preference order until the job fits (the tier is known to suffice)."""
     chosen: list[Candidate] = []
-    freed: dict[str, Resources] = {}
     for candidate in tier:
         chosen.append(candidate)
-        for name, amount in usage[candidate.job.id].items():
-            freed[name] = freed.get(name, Resources()) + amount
-        if counter.fits(freed):
-            return chosen
-    return None
-
-
-def _fewest(
-    tier: Sequence[Candidate],
-    greedy: list[Candidate],
-    counter: _SlotCounter,
-    usage: dict[str, dict[str, Resources]],
-    budget: int,
-) -> tuple[Candidate, ...]:
-    for size in range(1, len(greedy)):
-        for combo in combinations(tier, size):
-            budget -= 1
-            if budget < 0:
-                return _without_spare(greedy, counter, usage)
-            if counter.fits(_freed_by(combo, usage)):
-                return combo
-    return tuple(greedy)
+        evaluator.add(usage[candidate.job.id])
+        if evaluator.fits():
+            break
+    for candidate in chosen:
+        evaluator.remove(usage[candidate.job.id])
+    return chosen
 
 
 def _without_spare(
-    chosen: list[Candidate], counter: _SlotCounter, usage: dict[str, dict[str, Resources]]
-) -> tuple[Candidate, ...]:
+    evaluator: _Evaluator, chosen: list[Candidate], usage: dict[str, _Usage]
+) -> list[Candidate]:
+    """Drop, least preferred first, every victim the job fits without."""
     kept = list(chosen)
+    for candidate in kept:
+        evaluator.add(usage[candidate.job.id])
     for candidate in reversed(chosen):
-        trial = [c for c in kept if c is not candidate]
-        if counter.fits(_freed_by(trial, usage)):
-            kept = trial
-    return tuple(kept)
+        evaluator.remove(usage[candidate.job.id])
+        if evaluator.fits():
+            kept.remove(candidate)
+        else:
+            evaluator.add(usage[candidate.job.id])
+    for candidate in kept:
+        evaluator.remove(usage[candidate.job.id])
+    return kept
+
+
+def _exhaustive(
+    evaluator: _Evaluator, tier: Sequence[Candidate], usage: dict[str, _Usage], upto: int
+) -> list[Candidate] | None:
+    """The first set in preference order, of the smallest size up to ``upto``, that fits."""
+    budget = EXACT_SEARCH_BUDGET
+    for size in range(1, upto + 1):
+        for combo in combinations(tier, size):
+            budget -= 1
+            if budget < 0:
+                return None
+            for candidate in combo:
+                evaluator.add(usage[candidate.job.id])
+            fits = evaluator.fits()
+            for candidate in combo:
+                evaluator.remove(usage[candidate.job.id])
+            if fits:
+                return list(combo)
+    return None
 
 
 # Per node: the resources victims hold there and their GPU ids.
@@ -220,9 +348,9 @@ def _excess(amount: Resources, covered: Resources) -> Resources:
 
 def split_claim(
     needs: Iterable[tuple[str, Resources]], freed: VictimUsage
-) -> tuple[dict[str, Resources], Resources]:
+) -> tuple[dict[str, Resources], dict[str, Resources]]:
     """Split a preemptor's trial placement: per node, what it must take from free capacity
-    beyond the victims' share; and in total, the victims' resources it leaves unused."""
+    beyond the victims' share, and what of the victims' resources it leaves unused."""
     from_free: dict[str, Resources] = {}
     used: dict[str, Resources] = {}
     for name, need in needs:
@@ -230,7 +358,7 @@ def split_claim(
         extra = _excess(need, freed.get(name, (Resources(), []))[0])
         if extra != Resources():
             from_free[name] = extra
-    left = Resources()
-    for name, (amount, _ids) in freed.items():
-        left = left + _excess(amount, used.get(name, Resources()))
+    left = {
+        name: _excess(amount, used.get(name, Resources())) for name, (amount, _) in freed.items()
+    }
     return from_free, left

@@ -63,6 +63,8 @@ class QuotaBook:
         self.quotas = quotas
         self.usage: dict[str, TenantUsage] = {}
         self._typical = typical_duration_s
+        self._ends: dict[str, list[tuple[float, int]]] = {}
+        self._answers: dict[tuple[str, int], tuple[float | None, str]] = {}
         for job in running:
             duration = job.expected_duration_s or typical_duration_s
             end = None if duration is None else job.started_at + duration
@@ -75,6 +77,8 @@ class QuotaBook:
         usage.gpus += gpus
         usage.jobs += 1
         usage.holdings.append((end, gpus))
+        self._ends.pop(tenant, None)
+        self._answers.clear()
 
     def over_quota(self, job: QueuedJob) -> str | None:
         """Why starting ``job`` would exceed its tenant's quota, or None if it would not."""
@@ -97,6 +101,13 @@ class QuotaBook:
 
     def within_quota_at(self, job: QueuedJob, now: float) -> tuple[float | None, str]:
         """When the tenant's expected job ends bring ``job`` within quota (None: unknown)."""
+        key = (job.tenant, job.total.gpus)
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = self._answers[key] = self._within_quota_at(job, now)
+        return answer
+
+    def _within_quota_at(self, job: QueuedJob, now: float) -> tuple[float | None, str]:
         quota = self.quotas.get(job.tenant)
         usage = self.usage.get(job.tenant)
         if quota is None or usage is None:
@@ -116,7 +127,11 @@ class QuotaBook:
 
         if fits():
             return now, ""
-        for end, released in sorted((end, g) for end, g in usage.holdings if end is not None):
+        ends = self._ends.get(job.tenant)
+        if ends is None:
+            ends = sorted((end, g) for end, g in usage.holdings if end is not None)
+            self._ends[job.tenant] = ends
+        for end, released in ends:
             held_gpus -= released
             held_jobs -= 1
             if fits():

@@ -17,12 +17,13 @@ from ffdl.backends.base import Backend
 from ffdl.backends.local import LocalBackend
 from ffdl.core.errors import FfdlError
 from ffdl.server.auth import JobTokens, bootstrap, load_or_create_secret
+from ffdl.server.loops.autoscaler import AutoscalerLoop
 from ffdl.server.loops.lcm import lcm_pass
 from ffdl.server.loops.monitor import monitor_pass
 from ffdl.server.loops.runner import run_forever
 from ffdl.server.loops.scheduler import SchedulerLoop
 from ffdl.server.platform import Platform
-from ffdl.server.routers import admin, cluster, health, internal, logs, models, stream
+from ffdl.server.routers import admin, cluster, dashboard, health, internal, logs, models, stream
 from ffdl.server.routers.health import ffdl_version
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
@@ -54,6 +55,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
             ("scheduler", SchedulerLoop(platform), settings.scheduler_interval_s),
             ("lcm", lambda: lcm_pass(platform), settings.lcm_interval_s),
             ("monitor", lambda: monitor_pass(platform), settings.monitor_interval_s),
+            ("autoscaler", AutoscalerLoop(platform), settings.autoscaler_interval_s),
         ]
         tasks = [
             asyncio.create_task(run_forever(name, step, interval, platform.wakeups), name=name)
@@ -76,7 +78,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.platform = platform
-    for module in (health, models, stream, logs, cluster, admin, internal):
+    for module in (health, models, stream, logs, cluster, admin, internal, dashboard):
         app.include_router(module.router)
     _install_error_handlers(app)
     return app

@@ -65,6 +65,12 @@ class Settings(BaseSettings):
     deploy_timeout_s: float = 120.0
     report_deadline_s: float = 600.0
 
+    # Elastic scaling.
+    autoscaler_interval_s: float = 30.0
+    restart_penalty: float = 0.1  # a rescale must gain this fraction of current progress
+    min_rescale_interval_s: float = 120.0  # a job keeps a new size at least this long
+    fairness_after_s: float = 600.0  # a queued elastic job waiting longer is admitted first
+
     # Upload limits.
     max_manifest_bytes: int = 1024 * 1024
     max_archive_bytes: int = 512 * 1024 * 1024

@@ -22,11 +22,13 @@ from ffdl.core.manifest import Manifest
 from ffdl.core.resources import Placement
 from ffdl.core.status import TERMINAL_LEARNER_STATES, ErrorCode, JobStatus, LearnerStatus
 from ffdl.learner.spec import DataMount, LearnerSpec
-from ffdl.server.loops.scheduler import PREEMPTED
+from ffdl.server.loops.scheduler import PREEMPTED, free_port
 from ffdl.server.platform import Platform
-from ffdl.server.services.aggregate import aggregate_job
+from ffdl.server.services.aggregate import aggregate_job, aggregate_job_failure
 from ffdl.server.services.archive import unpack_archive
 from ffdl.server.services.jobdirs import JobDirs
+from ffdl.server.services.nodes import effective_nodes
+from ffdl.server.services.placing import place_alone
 from ffdl.server.store.models import DeployStep, Job, Learner
 from ffdl.server.store.transitions import set_job_status, set_learner_status, utcnow
 
@@ -40,6 +42,9 @@ def lcm_pass(platform: Platform) -> None:
             select(Job.id).where(Job.status == JobStatus.PENDING.value, Job.desired.is_(None))
         ).all()
         halting = session.scalars(select(Job.id).where(Job.status == JobStatus.HALTING.value)).all()
+        rescaling = session.scalars(
+            select(Job.id).where(Job.status == JobStatus.RESCALING.value)
+        ).all()
         preempted = session.scalars(
             select(Job.id).where(Job.status == JobStatus.HALTED.value, Job.desired == PREEMPTED)
         ).all()
@@ -49,6 +54,8 @@ def lcm_pass(platform: Platform) -> None:
         deploy(platform, job_id)
     for job_id in halting:
         halt(platform, job_id)
+    for job_id in rescaling:
+        rescale(platform, job_id)
     if preempted:
         requeue_preempted(platform, list(preempted))
 
@@ -80,12 +87,12 @@ def deploy(platform: Platform, job_id: str) -> None:
             return
         attempt, manifest = job.attempt, Manifest.from_dict(job.manifest)
         placement = Placement.from_json(job.placement or [])
-        master_port = job.master_port
+        master_port, batch_size = job.master_port, job.batch_size
     dirs = JobDirs.of(platform.settings.jobs_dir, job_id)
     done = _done_steps(platform, job_id, attempt)
     try:
         if "prepare" not in done:
-            dirs.create(manifest.learners)
+            dirs.create(len(placement.learners))
             unpack_archive(dirs.archive, dirs.code)
             _record_results_location(platform, job_id, _results_target(manifest, job_id, dirs))
             _record_step(platform, job_id, attempt, "prepare")
@@ -94,7 +101,15 @@ def deploy(platform: Platform, job_id: str) -> None:
             if step in done:
                 continue
             spec = build_spec(
-                platform, job_id, manifest, placement, lp.learner, attempt, master_port, dirs
+                platform,
+                job_id,
+                manifest,
+                placement,
+                lp.learner,
+                attempt,
+                master_port,
+                dirs,
+                batch_size,
             )
             _ensure_learner_row(platform, job_id, lp.learner, attempt, lp.node, lp.gpu_ids)
             handle = platform.backend.launch(LaunchRequest(lp.node, lp.gpu_ids, spec))
@@ -135,6 +150,7 @@ def build_spec(
     attempt: int,
     master_port: int | None,
     dirs: JobDirs,
+    batch_size: int | None = None,
 ) -> LearnerSpec:
     settings = platform.settings
     me = next(lp for lp in placement.learners if lp.learner == learner)
@@ -146,6 +162,8 @@ def build_spec(
         "LANG": "C.UTF-8",
         "HOME": str(dirs.home),
         "PYTHONUNBUFFERED": "1",
+        # Learners sharing a host must not each start one thread per core.
+        "OMP_NUM_THREADS": str(max(1, int(manifest.cpus))),
         "DATA_DIR": str(dirs.data),
         "RESULT_DIR": str(dirs.results),
         "MODEL_DIR": str(dirs.code),
@@ -153,24 +171,24 @@ def build_spec(
         "CHECKPOINT_DIR": str(dirs.checkpoints),
         "JOB_STATE_DIR": str(dirs.state),
         "LEARNER_ID": str(learner),
-        "NUM_LEARNERS": str(manifest.learners),
+        "NUM_LEARNERS": str(len(placement.learners)),
         "TRAINING_ID": job_id,
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in me.gpu_ids) if real_gpus else "",
-        "FFDL_GPUS": str(manifest.gpus * manifest.learners),
+        "FFDL_GPUS": str(manifest.gpus * len(placement.learners)),
     }
-    if manifest.learners > 1 and master_port is not None:
+    if len(placement.learners) > 1 and master_port is not None:
         same_node = [lp.learner for lp in placement.learners if lp.node == me.node]
         env.update(
             {
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(master_port),
-                "WORLD_SIZE": str(manifest.learners),
+                "WORLD_SIZE": str(len(placement.learners)),
                 "RANK": str(learner - 1),
                 "LOCAL_RANK": str(sorted(same_node).index(learner)),
             }
         )
-    if manifest.elastic is not None and manifest.elastic.batch_size is not None:
-        env["FFDL_BATCH_SIZE"] = str(manifest.elastic.batch_size.min)
+    if batch_size is not None:
+        env["FFDL_BATCH_SIZE"] = str(batch_size)
     data: list[DataMount] = []
     store = manifest.data_store()
     if store is not None and store.training_data is not None and "path" in store.connection:
@@ -185,7 +203,7 @@ def build_spec(
     return LearnerSpec(
         training_id=job_id,
         learner=learner,
-        num_learners=manifest.learners,
+        num_learners=len(placement.learners),
         attempt=attempt,
         api_url=settings.api_url,
         job_token=platform.job_tokens.issue(job_id),
@@ -289,6 +307,68 @@ def halt(platform: Platform, job_id: str) -> None:
         else:
             set_job_status(session, job, JobStatus.HALTED, job.reason or "halted")
     platform.wakeups.notify("scheduler")
+
+
+def rescale(platform: Platform, job_id: str) -> None:
+    """Checkpoint-restart a RESCALING job at its target size (see ``rescale_target``)."""
+    with platform.store.read() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.status != JobStatus.RESCALING.value:
+            return
+        attempt, since = job.attempt, job.status_changed_at
+    launched = [(i, h) for i, h in _live_learners(platform, job_id) if h]
+    if launched and "rescale-signal" not in _done_steps(platform, job_id, attempt):
+        for _index, handle in launched:
+            platform.backend.signal_halt(handle)
+        _record_step(platform, job_id, attempt, "rescale-signal")
+    overdue = utcnow() - since > timedelta(seconds=platform.settings.halt_grace_s + 10)
+    if launched and not overdue:
+        return  # learners checkpoint and report HALTED; their report wakes this loop again
+    for _index, handle in launched:
+        platform.backend.kill(handle)
+    _finish_learners(platform, job_id, LearnerStatus.HALTED, "stopped for rescale")
+    _restart_at_new_size(platform, job_id)
+
+
+def _restart_at_new_size(platform: Platform, job_id: str) -> None:
+    nodes = tuple(effective_nodes(platform))
+    with platform.store.write() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.status != JobStatus.RESCALING.value:
+            return
+        learners = list(
+            session.scalars(
+                select(Learner).where(Learner.job_id == job_id, Learner.attempt == job.attempt)
+            )
+        )
+        if any(LearnerStatus(lr.status) not in TERMINAL_LEARNER_STATES for lr in learners):
+            return
+        failed = [lr for lr in learners if lr.status == LearnerStatus.FAILED.value]
+        if failed:
+            aggregate_job_failure(session, job, failed[0])
+            return
+        if learners and all(lr.status == LearnerStatus.COMPLETED.value for lr in learners):
+            set_job_status(session, job, JobStatus.COMPLETED, "completed before the rescale")
+            return
+        target = job.rescale_target or {}
+        per_learner = max(job.gpus, 1)
+        wanted = max(int(target.get("gpus", per_learner * job.learners)) // per_learner, 1)
+        reason = str(target.get("reason") or "rescaled")
+        job.learners = wanted
+        if target.get("batch") is not None:
+            job.batch_size = int(target["batch"])
+        job.rescale_target = None
+        placement = place_alone(session, job, wanted, nodes, platform.settings.default_placement)
+        if placement is None:
+            job.placement = None
+            set_job_status(session, job, JobStatus.QUEUED, f"{reason}; waiting for resources")
+        else:
+            job.placement = placement.to_json()
+            job.attempt += 1
+            job.master_port = free_port() if wanted > 1 else None
+            where = ", ".join(placement.nodes)
+            set_job_status(session, job, JobStatus.PENDING, f"{reason}; placed on {where}")
+    platform.wakeups.notify("lcm", "scheduler")
 
 
 def cancel(platform: Platform, job_id: str) -> None:

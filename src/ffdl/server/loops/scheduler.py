@@ -14,14 +14,14 @@ import time
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Table, bindparam, select, update
+from sqlalchemy import Table, bindparam, select, update
 
-from ffdl.core.resources import Placement, Resources
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.scheduler.policy import schedule
-from ffdl.scheduler.snapshot import Decisions, QueuedJob, RunningJob, Snapshot, TenantQuota
+from ffdl.scheduler.snapshot import Decisions, Snapshot, TenantQuota
 from ffdl.server.platform import Platform
-from ffdl.server.services.snapshots import epoch
+from ffdl.server.services.nodes import effective_nodes
+from ffdl.server.services.snapshots import queued_job, running_job
 from ffdl.server.store.models import Job, Tenant
 from ffdl.server.store.transitions import set_job_status
 
@@ -49,6 +49,7 @@ _COLUMNS = (
     Job.started_at,
     Job.status_changed_at,
     Job.placement,
+    Job.elastic,
 )
 
 QueueInfo = tuple[int | None, str, float | None]
@@ -58,34 +59,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _queued(row: Row[Any]) -> QueuedJob:
-    return QueuedJob(
-        id=row.id,
-        tenant=row.tenant_id,
-        priority=row.priority,
-        submitted_at=epoch(row.submitted_at),
-        learners=row.learners,
-        per_learner=Resources(row.gpus, row.cpus, row.memory_mb),
-        gpu_type=row.gpu_type,
-        placement_policy=row.placement_policy,
-        same_label=row.same_label,
-        expected_duration_s=row.expected_duration_s,
-    )
-
-
-def _running(row: Row[Any]) -> RunningJob:
-    return RunningJob(
-        id=row.id,
-        tenant=row.tenant_id,
-        priority=row.priority,
-        started_at=epoch(row.started_at or row.status_changed_at),
-        learners=row.learners,
-        per_learner=Resources(row.gpus, row.cpus, row.memory_mb),
-        placement=Placement.from_json(row.placement or []),
-        expected_duration_s=row.expected_duration_s,
-    )
 
 
 class SchedulerLoop:
@@ -115,9 +88,9 @@ class SchedulerLoop:
             tenants = session.scalars(select(Tenant)).all()
         snapshot = Snapshot(
             now=time.time(),
-            nodes=tuple(platform.backend.nodes()),
-            queued=tuple(_queued(row) for row in queued),
-            running=tuple(_running(row) for row in running),
+            nodes=tuple(effective_nodes(platform)),
+            queued=tuple(queued_job(row) for row in queued),
+            running=tuple(running_job(row) for row in running),
             quotas={
                 t.id: TenantQuota(t.id, t.max_gpus, t.max_running_jobs)
                 for t in tenants

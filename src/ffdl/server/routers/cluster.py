@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+from pydantic import BaseModel
 
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
 from ffdl.server.services.cluster import cluster_view, queue_view
+from ffdl.server.services.nodes import set_drained
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
 
@@ -20,3 +22,20 @@ def get_nodes(platform: PlatformDep, principal: PrincipalDep) -> dict[str, Any]:
 @router.get("/queue")
 def get_queue(platform: PlatformDep, principal: PrincipalDep) -> dict[str, Any]:
     return queue_view(platform, principal)
+
+
+class DrainRequest(BaseModel):
+    reason: str = "maintenance"
+
+
+@router.post("/nodes/{name}/drain")
+def drain_node(
+    platform: PlatformDep, principal: PrincipalDep, name: str, body: DrainRequest | None = None
+) -> dict[str, Any]:
+    reason = body.reason if body is not None else "maintenance"
+    return set_drained(platform, principal, name, True, reason)
+
+
+@router.post("/nodes/{name}/undrain")
+def undrain_node(platform: PlatformDep, principal: PrincipalDep, name: str) -> dict[str, Any]:
+    return set_drained(platform, principal, name, False)

@@ -100,7 +100,7 @@ def patch_model(
     elif body.priority is not None:
         control.set_priority(platform, principal, model_id, body.priority)
     else:
-        raise BadRequest("scaling a job's GPUs is not available yet", detail={"field": "gpus"})
+        control.scale_job(platform, principal, model_id, body.gpus)
     with platform.store.read() as session:
         return model_detail(session, load_job(session, principal, model_id))
 

@@ -38,15 +38,7 @@ def aggregate_job(session: Session, job: Job, learners: list[Learner]) -> None:
     states = [LearnerStatus(lr.status) for lr in learners]
     failed = [lr for lr in learners if lr.status == LearnerStatus.FAILED.value]
     if failed:
-        first = min(failed, key=lambda lr: lr.updated_at)
-        set_job_status(
-            session,
-            job,
-            JobStatus.FAILED,
-            first.reason or f"learner {first.index} failed",
-            error_code=_learner_error_code(first),
-            exit_code=first.exit_code,
-        )
+        aggregate_job_failure(session, job, min(failed, key=lambda lr: lr.updated_at))
         return
     if status == JobStatus.HALTING or LearnerStatus.HALTED in states:
         if all(s in TERMINAL_LEARNER_STATES for s in states):
@@ -65,6 +57,18 @@ def aggregate_job(session: Session, job: Job, learners: list[Learner]) -> None:
     for step in _JOB_STEPS[current_index + 1 : target_index + 1]:
         exit_code = 0 if step == JobStatus.COMPLETED else None
         set_job_status(session, job, step, _step_reason(step), exit_code=exit_code)
+
+
+def aggregate_job_failure(session: Session, job: Job, learner: Learner) -> None:
+    """Fail ``job`` because ``learner`` failed, carrying its reason and codes."""
+    set_job_status(
+        session,
+        job,
+        JobStatus.FAILED,
+        learner.reason or f"learner {learner.index} failed",
+        error_code=_learner_error_code(learner),
+        exit_code=learner.exit_code,
+    )
 
 
 def _learner_error_code(learner: Learner) -> str:

@@ -11,6 +11,7 @@ from ffdl.core.resources import Placement, Resources
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.server.auth import Principal
 from ffdl.server.platform import Platform
+from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.services.queries import eta_text, iso
 from ffdl.server.store.models import Job
 
@@ -29,7 +30,7 @@ def cluster_view(platform: Platform) -> dict[str, Any]:
                 Job.memory_mb,
             ).where(Job.status.in_(holding))
         ).all()
-    nodes = platform.backend.nodes()
+    nodes = effective_nodes(platform)
     used = {n.name: Resources() for n in nodes}
     holders: dict[str, list[dict[str, Any]]] = {n.name: [] for n in nodes}
     for row in rows:

@@ -73,6 +73,37 @@ def set_priority(platform: Platform, principal: Principal, job_id: str, priority
     platform.wakeups.notify("scheduler")
 
 
+def scale_job(platform: Platform, principal: Principal, job_id: str, gpus: Any) -> None:
+    """Pin an elastic job to ``gpus`` GPUs in total; the autoscaler carries it out."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise BadRequest(
+            f"gpus must be a positive integer, got {gpus!r}",
+            code="C104",
+            detail={"field": "gpus"},
+        )
+    with platform.store.write() as session:
+        job = load_job(session, principal, job_id)
+        if is_terminal(JobStatus(job.status)):
+            raise ConflictError(f"cannot scale {job_id}: it is {job.status}")
+        elastic = (job.manifest.get("elastic") or {}).get("gpus") if job.elastic else None
+        if not elastic:
+            raise BadRequest(
+                f"{job_id} is not elastic: give its manifest elastic.gpus {{min, max}}",
+                code="C104",
+                detail={"field": "gpus"},
+            )
+        low, high = int(elastic["min"]), int(elastic["max"])
+        per = max(job.gpus, 1)
+        if not low <= gpus <= high or gpus % per:
+            raise BadRequest(
+                f"gpus must be a multiple of {per} between {low} and {high}, got {gpus}",
+                code="C104",
+                detail={"field": "gpus"},
+            )
+        job.pinned_gpus = gpus
+    platform.wakeups.notify("autoscaler")
+
+
 def delete_job(platform: Platform, principal: Principal, job_id: str) -> dict[str, Any]:
     """Cancel a live job (and wait briefly for its processes to go), or remove a finished one."""
     with platform.store.write() as session:

@@ -111,11 +111,12 @@ def ingest_reports(
         ack = ReportAck(
             accepted=len(fresh),
             last_seq=learner.report_seq,
-            halt=job.desired == "halt" or job.status == JobStatus.HALTING.value,
+            halt=job.desired == "halt"
+            or job.status in (JobStatus.HALTING.value, JobStatus.RESCALING.value),
             cancel=job.desired == "cancel" or (terminal and not _learner_done(learner)),
         )
     if status_changed:
-        platform.wakeups.notify("lcm", "scheduler", "monitor")
+        platform.wakeups.notify("lcm", "scheduler", "monitor", "autoscaler")
     return ack
 
 

@@ -1,11 +1,18 @@
-"""Turning stored jobs (and manifests) into the scheduler's snapshot types."""
+"""Turning stored jobs (ORM objects or plain rows with the same columns) into the
+scheduler's snapshot types."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from ffdl.core.manifest import Manifest
-from ffdl.scheduler.snapshot import QueuedJob
+from ffdl.core.resources import Placement, Resources
+from ffdl.scheduler.snapshot import QueuedJob, RunningJob
+
+
+def epoch(value: datetime | None) -> float:
+    return 0.0 if value is None else value.replace(tzinfo=UTC).timestamp()
 
 
 def queued_job_from_manifest(
@@ -25,5 +32,31 @@ def queued_job_from_manifest(
     )
 
 
-def epoch(value: datetime | None) -> float:
-    return 0.0 if value is None else value.replace(tzinfo=UTC).timestamp()
+def queued_job(row: Any, *, learners: int | None = None) -> QueuedJob:
+    return QueuedJob(
+        id=row.id,
+        tenant=row.tenant_id,
+        priority=row.priority,
+        submitted_at=epoch(row.submitted_at),
+        learners=row.learners if learners is None else learners,
+        per_learner=Resources(row.gpus, row.cpus, row.memory_mb),
+        gpu_type=row.gpu_type,
+        placement_policy=row.placement_policy,
+        same_label=row.same_label,
+        expected_duration_s=row.expected_duration_s,
+    )
+
+
+def running_job(row: Any) -> RunningJob:
+    return RunningJob(
+        id=row.id,
+        tenant=row.tenant_id,
+        priority=row.priority,
+        started_at=epoch(row.started_at or row.status_changed_at),
+        learners=row.learners,
+        per_learner=Resources(row.gpus, row.cpus, row.memory_mb),
+        placement=Placement.from_json(row.placement or []),
+        expected_duration_s=row.expected_duration_s,
+        # Elastic jobs are shrunk by the autoscaler to make room, never preempted.
+        preemptible=not row.elastic,
+    )

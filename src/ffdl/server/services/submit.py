@@ -72,9 +72,15 @@ def submit_job(
     except BaseException:
         shutil.rmtree(dirs.root, ignore_errors=True)
         raise
-    platform.wakeups.notify("scheduler")
+    platform.wakeups.notify("scheduler", "autoscaler")
     warnings = [f"unknown manifest field ignored: {name}" for name in manifest.unknown_fields]
     return Submitted(job_id=job_id, warnings=warnings)
+
+
+def _initial_batch(manifest: Manifest) -> int | None:
+    if manifest.elastic is None or manifest.elastic.batch_size is None:
+        return None
+    return manifest.elastic.batch_size.min
 
 
 def _insert_job(platform: Platform, principal: Principal, job_id: str, manifest: Manifest) -> None:
@@ -99,6 +105,8 @@ def _insert_job(platform: Platform, principal: Principal, job_id: str, manifest:
                 placement_policy=manifest.placement.policy,
                 same_label=manifest.placement.same,
                 expected_duration_s=manifest.expected_duration_s,
+                elastic=manifest.elastic is not None,
+                batch_size=_initial_batch(manifest),
                 attempt=0,
                 submitted_at=now,
                 status_changed_at=now,

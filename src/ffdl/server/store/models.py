@@ -66,6 +66,12 @@ class Job(Base):
     expected_duration_s: Mapped[float | None] = mapped_column(Float, default=None)
     placement: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Elastic jobs: the global batch size of the current attempt, a user's pinned GPU count
+    # (`ffdl scale`), and the size a rescale in progress is heading for.
+    elastic: Mapped[bool] = mapped_column(default=False)
+    batch_size: Mapped[int | None] = mapped_column(Integer, default=None)
+    pinned_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    rescale_target: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # Desired state written by the API and reconciled by the loops: "halt" | "cancel" | None.
     desired: Mapped[str | None] = mapped_column(String(16), default=None)
     master_port: Mapped[int | None] = mapped_column(Integer, default=None)
@@ -107,6 +113,16 @@ class Event(Base):
     to_status: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime]
+
+
+class NodeState(Base):
+    """Operator state of a node the backend reports: drained nodes take no new work."""
+
+    __tablename__ = "node_states"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    drained: Mapped[bool] = mapped_column(default=False)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    changed_at: Mapped[datetime]
 
 
 class DeployStep(Base):

@@ -56,6 +56,8 @@ def set_job_status(
         job.error_code = None
         job.exit_code = None
         job.finished_at = None
+    if target == JobStatus.HALTED:
+        job.placement = None  # a halted job holds nothing; it is placed afresh on resume
     if target in TERMINAL_JOB_STATES or target == JobStatus.HALTED:
         job.finished_at = now
         job.queue_position = None

@@ -1,0 +1,63 @@
+"""The autoscaler's decision: which elastic jobs to grow, shrink, start or re-batch now.
+
+Pure glue between a snapshot of elastic jobs and the optimizer, called unchanged by the live
+autoscaler loop and by the simulator:
+
+- user-driven sizes win: a job pinned by ``ffdl scale`` or by its ``elastic.schedule`` at its
+  current epoch is offered exactly that many GPUs (its range collapses to the pin);
+- every other elastic job is sized by ``optimize`` over the GPUs elastic jobs may share
+  (``capacity``: the cluster's schedulable GPUs minus those held by non-elastic jobs and
+  those reserved for a blocked higher-priority job, which is how elastic jobs shrink to
+  admit it instead of being preempted);
+- the result is ``diff``'s ordered list of decisions: stops and shrinks before grows and
+  starts, so GPUs are freed before they are taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ffdl.elastic.optimizer import DEFAULT_GPUS_PER_NODE, ElasticJob, optimize
+from ffdl.elastic.plan import RescaleDecision, diff
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    job: ElasticJob
+    pinned_gpus: int | None = None  # `ffdl scale` or elastic.schedule; None: the optimizer's
+
+
+def autoscale(
+    candidates: Sequence[Candidate],
+    capacity: int,
+    *,
+    restart_penalty: float = 0.1,
+    fixed_batch: bool = False,
+    fairness_after_s: float = 600.0,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+) -> list[RescaleDecision]:
+    """Decisions for ``candidates`` sharing ``capacity`` GPUs (empty when nothing changes)."""
+    if not candidates:
+        return []
+    jobs = [_pinned(c) for c in candidates]
+    plan = optimize(
+        jobs,
+        max(capacity, 0),
+        restart_penalty=restart_penalty,
+        fixed_batch=fixed_batch,
+        fairness_after_s=fairness_after_s,
+        gpus_per_node=gpus_per_node,
+    )
+    return diff(jobs, plan, gpus_per_node=gpus_per_node)
+
+
+def _pinned(candidate: Candidate) -> ElasticJob:
+    job, pin = candidate.job, candidate.pinned_gpus
+    if pin is None or pin <= 0:
+        return job
+    low, high = job.gpu_range
+    size = min(max(pin, low), high)
+    size -= size % job.gpus_per_learner
+    size = max(size, job.gpus_per_learner)
+    return replace(job, gpu_range=(size, size))

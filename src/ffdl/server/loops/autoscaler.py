@@ -1,0 +1,280 @@
+"""The autoscaler loop: resize elastic jobs, and move work off drained nodes.
+
+Each pass snapshots the cluster and the elastic jobs, learns every job's throughput model
+from the sample counts its learners report, and hands the pure ``autoscale`` (the same
+function the simulator calls) the GPUs elastic jobs may share: the schedulable GPUs minus
+those held by non-elastic jobs and by elastic jobs already in transition, minus the GPUs a
+blocked higher-priority job is waiting for (so elastic jobs shrink to admit it). Decisions
+for running jobs become rescales (PROCESSING → RESCALING, with the reason and expected
+gain in the event); for queued elastic jobs, the size the scheduler will place them at.
+
+Drained nodes: an elastic job with a learner there is restarted at a size that fits
+elsewhere; any other job there is halted and requeued, so nothing is killed for
+maintenance. A job restarted less than ``min_rescale_interval_s`` ago keeps its size
+(user and drain decisions excepted), so the cluster does not churn.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select
+
+from ffdl.core.manifest import Manifest
+from ffdl.core.resources import Placement
+from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
+from ffdl.elastic.autoscale import Candidate, autoscale
+from ffdl.elastic.optimizer import ElasticJob
+from ffdl.elastic.plan import RescaleDecision, apply_schedule
+from ffdl.elastic.throughput import StepObservation, ThroughputModel, fit, prior
+from ffdl.server.loops.scheduler import PREEMPTED
+from ffdl.server.platform import Platform
+from ffdl.server.services.nodes import effective_nodes
+from ffdl.server.services.snapshots import epoch
+from ffdl.server.store.models import Job, Metric
+from ffdl.server.store.transitions import set_job_status
+
+_TRANSITIONING = frozenset(
+    {
+        JobStatus.PENDING.value,
+        JobStatus.DOWNLOADING.value,
+        JobStatus.HALTING.value,
+        JobStatus.RESCALING.value,
+        JobStatus.STORING.value,
+    }
+)
+_MAX_OBSERVATIONS = 200
+
+
+@dataclass
+class _Learned:
+    """Throughput observations of one job, kept across passes."""
+
+    last_metric_id: int = 0
+    last_point: tuple[float, float] | None = None  # (time, cumulative samples)
+    observations: list[StepObservation] = field(default_factory=list)
+    model: ThroughputModel = field(default_factory=prior)
+
+
+class AutoscalerLoop:
+    def __init__(self, platform: Platform) -> None:
+        self._platform = platform
+        self._learned: dict[str, _Learned] = {}
+
+    def __call__(self) -> None:
+        platform = self._platform
+        nodes = effective_nodes(platform)
+        drained = {n.name for n in nodes if not n.schedulable}
+        holding = [s.value for s in HOLDING_JOB_STATES]
+        with platform.store.read() as session:
+            jobs = session.scalars(
+                select(Job).where(
+                    Job.status.in_(holding) | ((Job.status == JobStatus.QUEUED.value) & Job.elastic)
+                )
+            ).all()
+            queued_fixed = session.execute(
+                select(Job.priority, Job.learners, Job.gpus)
+                .where(Job.status == JobStatus.QUEUED.value, Job.elastic.is_(False))
+                .order_by(Job.priority.desc(), Job.submitted_at)
+                .limit(1)
+            ).first()
+            epochs = self._epochs(session, [j.id for j in jobs if j.elastic])
+            for job in jobs:
+                if job.elastic and job.status == JobStatus.PROCESSING.value:
+                    self._learn(session, job)
+        self._move_off_drained(jobs, drained)
+        capacity = sum(n.gpus for n in nodes if n.schedulable)
+        candidates: list[Candidate] = []
+        running_elastic_priorities: list[int] = []
+        held = 0
+        now = time.time()
+        for job in jobs:
+            gpus = job.gpus * job.learners
+            if job.status == JobStatus.QUEUED.value:
+                candidates.append(self._candidate(job, 0, now, epochs.get(job.id)))
+                continue
+            held += gpus
+            if not job.elastic or job.status in _TRANSITIONING or _on(job, drained):
+                capacity -= gpus
+                continue
+            running_elastic_priorities.append(job.priority)
+            candidates.append(self._candidate(job, gpus, now, epochs.get(job.id)))
+        if queued_fixed is not None and running_elastic_priorities:
+            demand = queued_fixed.learners * queued_fixed.gpus
+            free = sum(n.gpus for n in nodes if n.schedulable) - held
+            if demand > free and queued_fixed.priority > min(running_elastic_priorities):
+                capacity -= demand
+        settings = platform.settings
+        decisions = autoscale(
+            candidates,
+            capacity,
+            restart_penalty=settings.restart_penalty,
+            fairness_after_s=settings.fairness_after_s,
+            gpus_per_node=max((n.gpus for n in nodes), default=1) or 1,
+        )
+        if decisions:
+            self._apply(decisions)
+        live = {job.id for job in jobs}
+        self._learned = {k: v for k, v in self._learned.items() if k in live}
+
+    # -- inputs ----------------------------------------------------------------------------
+
+    def _candidate(self, job: Job, gpus: int, now: float, epoch_now: int | None) -> Candidate:
+        manifest = Manifest.from_dict(job.manifest)
+        elastic = manifest.elastic
+        assert elastic is not None
+        per = max(job.gpus, 1)
+        low = max(elastic.gpus.min, per)
+        low += (-low) % per
+        high = max(elastic.gpus.max - elastic.gpus.max % per, low)
+        batch_range = None
+        base_batch = max(64 * high, 1)
+        if elastic.batch_size is not None:
+            batch_range = (max(elastic.batch_size.min, high), max(elastic.batch_size.max, high))
+            base_batch = batch_range[0]
+        pinned = job.pinned_gpus
+        if pinned is None and elastic.schedule and epoch_now is not None:
+            pinned = apply_schedule(
+                [{"at_epoch": s.at_epoch, "gpus": s.gpus} for s in elastic.schedule], epoch_now
+            )
+        restarted = epoch(job.status_changed_at)
+        if (
+            pinned is None
+            and gpus
+            and now - restarted < self._platform.settings.min_rescale_interval_s
+        ):
+            pinned = gpus
+        learned = self._learned.get(job.id)
+        return Candidate(
+            job=ElasticJob(
+                id=job.id,
+                priority=job.priority,
+                gpu_range=(low, high),
+                batch_range=batch_range,
+                base_batch=base_batch,
+                gpus_per_learner=per,
+                model=learned.model if learned else prior(),
+                current_gpus=gpus,
+                current_batch=(job.batch_size or base_batch) if gpus else None,
+                waited_s=0.0 if gpus else max(now - epoch(job.status_changed_at), 0.0),
+            ),
+            pinned_gpus=pinned,
+        )
+
+    def _epochs(self, session: Any, job_ids: list[str]) -> dict[str, int]:
+        if not job_ids:
+            return {}
+        rows = session.execute(
+            select(Metric.job_id, func.max(Metric.iteration))
+            .where(Metric.job_id.in_(job_ids), Metric.group == "train")
+            .group_by(Metric.job_id)
+        ).all()
+        return {job_id: int(it) for job_id, it in rows if it is not None}
+
+    def _learn(self, session: Any, job: Job) -> None:
+        """Turn new cumulative sample counts into step-time observations and refit."""
+        learned = self._learned.setdefault(job.id, _Learned())
+        rows = session.execute(
+            select(Metric.id, Metric.time, Metric.values, Metric.attempt)
+            .where(
+                Metric.job_id == job.id,
+                Metric.id > learned.last_metric_id,
+                Metric.group == "train",
+                Metric.learner == 1,
+            )
+            .order_by(Metric.id)
+        ).all()
+        batch = job.batch_size
+        gpus = job.gpus * job.learners
+        nodes = len(Placement.from_json(job.placement or []).nodes) or 1
+        added = False
+        for row in rows:
+            learned.last_metric_id = row.id
+            samples = row.values.get("samples")
+            if row.attempt != job.attempt or samples is None:
+                learned.last_point = None
+                continue
+            point = (float(row.time), float(samples))
+            previous, learned.last_point = learned.last_point, point
+            if previous is None or batch is None or gpus <= 0:
+                continue
+            elapsed, done = point[0] - previous[0], point[1] - previous[1]
+            if elapsed > 0 and done > 0:
+                step_time = elapsed * batch / done
+                learned.observations.append(StepObservation(gpus, batch, nodes, step_time))
+                added = True
+        if added:
+            learned.observations = learned.observations[-_MAX_OBSERVATIONS:]
+            learned.model = fit(learned.observations, prior())
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def _move_off_drained(self, jobs: Any, drained: set[str]) -> None:
+        if not drained:
+            return
+        moved = False
+        with self._platform.store.write() as session:
+            for snapshot_job in jobs:
+                if snapshot_job.status != JobStatus.PROCESSING.value or not _on(
+                    snapshot_job, drained
+                ):
+                    continue
+                job = session.get(Job, snapshot_job.id)
+                if job is None or job.status != JobStatus.PROCESSING.value:
+                    continue
+                where = ", ".join(
+                    sorted(set(Placement.from_json(job.placement or []).nodes) & drained)
+                )
+                if job.elastic:
+                    job.rescale_target = {
+                        "gpus": job.gpus * job.learners,
+                        "batch": job.batch_size,
+                        "reason": f"moving off drained node {where}",
+                    }
+                    set_job_status(
+                        session, job, JobStatus.RESCALING, f"moving off drained node {where}"
+                    )
+                else:
+                    job.desired = PREEMPTED
+                    set_job_status(
+                        session, job, JobStatus.HALTING, f"moving off drained node {where}"
+                    )
+                moved = True
+        if moved:
+            self._platform.wakeups.notify("lcm")
+
+    def _apply(self, decisions: list[RescaleDecision]) -> None:
+        changed = False
+        with self._platform.store.write() as session:
+            for decision in decisions:
+                job = session.get(Job, decision.job_id)
+                if job is None:
+                    continue
+                per = max(job.gpus, 1)
+                if job.status == JobStatus.QUEUED.value:
+                    if decision.to_gpus > 0:
+                        job.learners = decision.to_gpus // per
+                        job.batch_size = decision.to_batch or job.batch_size
+                        changed = True
+                    continue
+                if job.status != JobStatus.PROCESSING.value or decision.to_gpus <= 0:
+                    continue
+                gain = f" (expected gain {decision.expected_gain:+.1f} samples/s)"
+                job.rescale_target = {
+                    "gpus": decision.to_gpus,
+                    "batch": decision.to_batch,
+                    "reason": decision.reason,
+                    "expected_gain": decision.expected_gain,
+                }
+                set_job_status(session, job, JobStatus.RESCALING, decision.reason + gain)
+                changed = True
+        if changed:
+            self._platform.wakeups.notify("lcm", "scheduler")
+
+
+def _on(job: Job, nodes: set[str]) -> bool:
+    return bool(nodes) and any(
+        lp.node in nodes for lp in Placement.from_json(job.placement or []).learners
+    )

@@ -1,0 +1,47 @@
+"""Nodes as the platform schedules on them: the backend's nodes with operator state applied.
+
+Draining a node (for maintenance) stops new work landing on it; the autoscaler then moves
+or shrinks the jobs still there instead of killing them. Undrain returns it to service.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import select
+
+from ffdl.core.errors import NotFound
+from ffdl.core.resources import Node
+from ffdl.server.auth import Principal
+from ffdl.server.platform import Platform
+from ffdl.server.services.admin import require_admin
+from ffdl.server.store.models import NodeState
+from ffdl.server.store.transitions import utcnow
+
+
+def effective_nodes(platform: Platform) -> list[Node]:
+    with platform.store.read() as session:
+        drained = set(session.scalars(select(NodeState.name).where(NodeState.drained)))
+    return [
+        replace(node, schedulable=False) if node.name in drained else node
+        for node in platform.backend.nodes()
+    ]
+
+
+def set_drained(
+    platform: Platform, principal: Principal, name: str, drained: bool, reason: str = ""
+) -> dict[str, Any]:
+    require_admin(principal)
+    if name not in {node.name for node in platform.backend.nodes()}:
+        raise NotFound(f"no node {name!r}")
+    with platform.store.write() as session:
+        state = session.get(NodeState, name)
+        if state is None:
+            state = NodeState(name=name, changed_at=utcnow())
+            session.add(state)
+        state.drained = drained
+        state.reason = reason if drained else ""
+        state.changed_at = utcnow()
+    platform.wakeups.notify("autoscaler", "scheduler")
+    return {"node": name, "drained": drained, "reason": reason if drained else ""}

@@ -1,0 +1,207 @@
+"""The web dashboard served at ``/``, driven in a real headless Chromium against a real server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.chrome.webdriver import WebDriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.command import Command
+
+from tests.integration.live import LiveServer, manifest_yaml, wait_for
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,1300",
+)
+
+RUNNING_JOB = (
+    "python -c \"import time; [print(f'dashboard line {i}', flush=True) for i in range(3)]; "
+    'time.sleep(20)"'
+)
+
+# Reads a job row's badge in the page itself, so a refresh between lookups cannot leave the
+# test holding a detached element.
+ROW_STATUS_JS = """
+const badge = document.querySelector(`#jobs tbody tr[data-id="${arguments[0]}"] [data-status]`);
+return badge ? badge.dataset.status : null;
+"""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LiveServer]:
+    live = LiveServer(home=tmp_path / "home")
+    live.start()
+    try:
+        yield live
+    finally:
+        live.stop()
+        live.kill_learners()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[WebDriver]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium chromium-driver)")
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def row_status(driver: WebDriver, job_id: str) -> str | None:
+    status: Any = driver.execute_script(ROW_STATUS_JS, job_id)
+    return None if status is None else str(status)
+
+
+def text_of(driver: WebDriver, css: str) -> str:
+    found = driver.find_elements(By.CSS_SELECTOR, css)
+    return str(found[0].text) if found else ""
+
+
+def console_errors(driver: WebDriver) -> list[dict[str, Any]]:
+    # ``get_log`` is untyped; the command underneath it is the same and typed.
+    entries: list[dict[str, Any]] = driver.execute(Command.GET_LOG, {"type": "browser"})["value"]
+    return [entry for entry in entries if entry.get("level") == "SEVERE"]
+
+
+def test_static_assets_are_served_without_auth_and_stay_inside_their_folder(
+    server: LiveServer,
+) -> None:
+    page = httpx.get(f"{server.url}/", timeout=10)
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert 'id="token-form"' in page.text
+    script = httpx.get(f"{server.url}/static/app.js", timeout=10)
+    assert script.status_code == 200
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert httpx.get(f"{server.url}/static/style.css", timeout=10).status_code == 200
+    for outside in ("/static/..%2F..%2Fserver%2Fapp.py", "/static/missing.js", "/static/.hidden"):
+        response = httpx.get(f"{server.url}{outside}", timeout=10)
+        assert response.status_code == 404, outside
+        assert "error" in response.json()
+    # The API keeps its own routes and still demands a token.
+    assert httpx.get(f"{server.url}/v1/models", timeout=10).status_code == 401
+
+
+def test_job_is_followed_and_halted_from_the_dashboard(
+    server: LiveServer, browser: WebDriver, tmp_path: Path
+) -> None:
+    running = server.submit_ok(manifest_yaml(RUNNING_JOB, name="dashboard-run"))
+    # Needs every GPU of the only node while the first job holds one, so it waits in the queue.
+    waiting = server.submit_ok(manifest_yaml(RUNNING_JOB, name="dashboard-wait", gpus=4))
+
+    browser.get(f"{server.url}/#token={server.token}")
+    wait_for(
+        lambda: row_status(browser, running) == "PROCESSING",
+        timeout=30,
+        what="the job's row to show PROCESSING",
+    )
+    assert "token=" not in browser.current_url
+    assert browser.execute_script("return localStorage.getItem('ffdl.token')") == server.token
+    row = browser.find_element(By.CSS_SELECTOR, f'#jobs tbody tr[data-id="{running}"]')
+    assert "dashboard-run" in row.text
+    assert "1×1" in row.text
+
+    wait_for(
+        lambda: text_of(browser, f'#queue tbody tr[data-id="{waiting}"]'),
+        timeout=10,
+        what="the waiting job in the queue panel",
+    )
+    assert "dashboard-wait" in text_of(browser, f'#queue tbody tr[data-id="{waiting}"]')
+    wait_for(
+        lambda: running in text_of(browser, '#nodes tbody tr[data-name="node-a"]'),
+        timeout=10,
+        what="node-a to list the running job as a holder",
+    )
+    assert "1/4" in text_of(browser, '#nodes tbody tr[data-name="node-a"]')
+
+    row.click()
+    wait_for(
+        lambda: "dashboard line 2" in browser.find_element(By.ID, "logs").text,
+        timeout=15,
+        what="the job's log lines in #logs",
+    )
+    assert browser.find_element(By.ID, "detail").is_displayed()
+    assert text_of(browser, '#summary [data-field="status"]') == "PROCESSING"
+    assert "PROCESSING" in browser.find_element(By.ID, "events").text
+
+    # A refused action shows the API's own error message.
+    browser.find_element(By.ID, "resume").click()
+    wait_for(
+        lambda: "only HALTED jobs resume" in text_of(browser, '#detail-message[data-kind="error"]'),
+        timeout=10,
+        what="the API's refusal to resume a running job",
+    )
+    browser.find_element(By.ID, "halt").click()
+    wait_for(
+        lambda: row_status(browser, running) == "HALTED",
+        timeout=30,
+        what="the job's row to show HALTED",
+    )
+    assert server.status(running) == "HALTED"
+    wait_for(
+        lambda: text_of(browser, '#summary [data-field="status"]') == "HALTED",
+        timeout=10,
+        what="the detail pane to show HALTED",
+    )
+    assert "halt accepted" in browser.find_element(By.ID, "detail-message").text
+
+    screenshot = tmp_path / "dashboard.png"
+    assert browser.save_screenshot(str(screenshot))
+    assert screenshot.stat().st_size > 0
+    # The refused resume is the one failed request the page is expected to have made.
+    refused_resume = f"/v1/models/{running} - Failed to load resource"
+    unexpected = [e for e in console_errors(browser) if refused_resume not in e["message"]]
+    assert unexpected == []
+
+
+def test_wrong_token_shows_the_token_form_with_the_reason(
+    server: LiveServer, browser: WebDriver
+) -> None:
+    browser.get(f"{server.url}/#token=not-a-real-token")
+    wait_for(
+        lambda: (
+            browser.find_element(By.ID, "token-form").is_displayed()
+            and browser.find_element(By.ID, "token-error").text
+        ),
+        timeout=15,
+        what="the token form with an error",
+    )
+    assert "invalid or revoked token" in browser.find_element(By.ID, "token-error").text
+    assert not browser.find_element(By.ID, "dashboard").is_displayed()
+    assert browser.execute_script("return localStorage.getItem('ffdl.token')") is None
+
+    # The form recovers the session with the right token.
+    browser.find_element(By.ID, "token-input").send_keys(server.token)
+    browser.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+    wait_for(
+        lambda: browser.find_element(By.ID, "jobs-empty").is_displayed(),
+        timeout=15,
+        what="the empty jobs table after signing in",
+    )
+    assert not browser.find_element(By.ID, "token-form").is_displayed()
+    assert not browser.find_element(By.ID, "token-error").is_displayed()

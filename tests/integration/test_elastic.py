@@ -1,0 +1,199 @@
+"""Elastic jobs on declared virtual nodes with real learner processes: rescale, drain, shrink."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, wait_for
+
+TWO_NODES = [
+    {"name": "node-a", "gpus": 2, "cpus": 8, "memory": "16GiB", "gpu_type": "cpu"},
+    {"name": "node-b", "gpus": 2, "cpus": 8, "memory": "16GiB", "gpu_type": "cpu"},
+]
+
+# Every learner steps; the chief reports samples and checkpoints, all honour should_stop.
+ELASTIC_STEPS = """
+import os, sys, time
+from ffdl.sdk.api import context, load_checkpoint, report, save_checkpoint, should_stop
+
+ctx = context()
+restored = load_checkpoint()
+step = 0 if restored is None else restored[1]["step"]
+print(f"learner {ctx.learner_id}/{ctx.num_learners} gpus={os.environ['FFDL_GPUS']} "
+      f"batch={os.environ.get('FFDL_BATCH_SIZE')} start={step}", flush=True)
+while step < TOTAL:
+    step += 1
+    time.sleep(0.05)
+    if ctx.learner_id == 1:
+        report(step=step, samples=step * 64)
+        save_checkpoint({"step": step}, step, keep=2)
+    if should_stop():
+        sys.exit(0)
+print(f"learner {ctx.learner_id} finished at {step}", flush=True)
+"""
+
+
+def elastic_job(total_steps: int, **extra: Any) -> tuple[str, dict[str, str]]:
+    manifest = manifest_yaml(
+        "python steps.py",
+        elastic={"gpus": {"min": 1, "max": 4}, "batch_size": {"min": 64, "max": 256}},
+        **extra,
+    )
+    return manifest, {"steps.py": ELASTIC_STEPS.replace("TOTAL", str(total_steps))}
+
+
+@pytest.fixture
+def elastic_server(tmp_path: Path) -> Any:
+    config = {
+        **FAST_CONFIG,
+        "nodes": TWO_NODES,
+        "autoscaler_interval_s": 0.5,
+        "min_rescale_interval_s": 3600,
+        "halt_grace_s": 5,
+    }
+    live = LiveServer(home=tmp_path / "home", config=config)
+    live.start()
+    yield live
+    live.stop()
+    live.kill_learners()
+
+
+def _starts(server: LiveServer, job_id: str) -> list[tuple[int, int, int]]:
+    """(num_learners, FFDL_GPUS, start step) for every learner-1 start line."""
+    found = []
+    for item in server.loglines(job_id):
+        m = re.match(r"learner 1/(\d+) gpus=(\d+) batch=\S+ start=(\d+)", item["line"])
+        if m:
+            found.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    return found
+
+
+def _reported_steps(server: LiveServer, job_id: str) -> int:
+    response = server.client.get(f"/v1/logs/{job_id}/emetrics", params={"pos": -1})
+    records = response.json()["records"]
+    return int(records[-1]["etimes"]["iteration"]["value"]) if records else 0
+
+
+def _wait_learners(server: LiveServer, job_id: str, count: int) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        model = server.model(job_id)
+        status = model["training"]["training_status"]["status"]
+        if status == "PROCESSING" and len(model["learners"]) == count:
+            return model
+        assert status not in {"FAILED", "CANCELLED", "COMPLETED"}, model["training"]
+        return None
+
+    result: dict[str, Any] = wait_for(ready, timeout=60, interval=0.1, what=f"{count} learners")
+    return result
+
+
+def test_user_rescales_up_then_down_and_training_continues(elastic_server: LiveServer) -> None:
+    server = elastic_server
+    manifest, files = elastic_job(400)
+    job_id = server.submit_ok(manifest, files)
+    _wait_learners(server, job_id, 1)
+    wait_for(lambda: _reported_steps(server, job_id) >= 3, what="first steps")
+
+    response = server.client.patch(f"/v1/models/{job_id}", json={"gpus": 3})
+    assert response.status_code == 202, response.text
+    model = _wait_learners(server, job_id, 3)
+    assert {lr["node"] for lr in model["learners"]} == {"node-a", "node-b"}
+    rescale_events = [e for e in model["events"] if e["to"] == "RESCALING"]
+    assert rescale_events and "1→3" in rescale_events[-1]["reason"]
+    wait_for(lambda: any(n == 3 for n, _, _ in _starts(server, job_id)), what="3-learner run")
+    resumed_at = _reported_steps(server, job_id)
+    wait_for(lambda: _reported_steps(server, job_id) > resumed_at + 3, what="progress on 3")
+
+    assert server.client.patch(f"/v1/models/{job_id}", json={"gpus": 1}).status_code == 202
+    _wait_learners(server, job_id, 1)
+    server.wait_status(job_id, {"COMPLETED"}, timeout=120)
+
+    starts = _starts(server, job_id)
+    assert [(n, g) for n, g, _ in starts] == [(1, 1), (3, 3), (1, 1)]
+    assert starts[0][2] == 0 and 0 < starts[1][2] < starts[2][2] < 400, starts
+
+    refused = server.client.patch(f"/v1/models/{job_id}", json={"gpus": 8})
+    assert refused.status_code == 409
+
+
+def test_scale_rejects_out_of_range_and_non_elastic(elastic_server: LiveServer) -> None:
+    server = elastic_server
+    manifest, files = elastic_job(200)
+    job_id = server.submit_ok(manifest, files)
+    bad = server.client.patch(f"/v1/models/{job_id}", json={"gpus": 9})
+    assert bad.status_code == 400 and bad.json()["detail"]["field"] == "gpus"
+    fixed = server.submit_ok(manifest_yaml("python -c 'pass'"))
+    refused = server.client.patch(f"/v1/models/{fixed}", json={"gpus": 2})
+    assert refused.status_code == 400 and "not elastic" in refused.json()["error"]
+    server.client.delete(f"/v1/models/{job_id}")
+
+
+def test_drain_moves_jobs_off_the_node_without_failing_any(elastic_server: LiveServer) -> None:
+    server = elastic_server
+    manifest, files = elastic_job(300)
+    elastic_id = server.submit_ok(manifest, files)
+    _, files = elastic_job(300)
+    fixed_id = server.submit_ok(manifest_yaml("python steps.py"), files)  # not elastic
+    for job_id in (elastic_id, fixed_id):
+        _wait_learners(server, job_id, 1)
+        wait_for(lambda job_id=job_id: _reported_steps(server, job_id) >= 5, what="checkpoints")
+    nodes = {n["name"]: n for n in server.client.get("/v1/nodes").json()["nodes"]}
+    busy = "node-a" if nodes["node-a"]["holders"] else "node-b"
+    other = "node-b" if busy == "node-a" else "node-a"
+
+    drained = server.client.post(f"/v1/nodes/{busy}/drain", json={"reason": "kernel upgrade"})
+    assert drained.status_code == 200, drained.text
+
+    def emptied() -> bool:
+        view = {n["name"]: n for n in server.client.get("/v1/nodes").json()["nodes"]}
+        return not view[busy]["holders"] and len(view[other]["holders"]) == 2
+
+    wait_for(emptied, timeout=90, interval=0.2, what=f"{busy} to be emptied")
+    for job_id in (elastic_id, fixed_id):
+        model = _wait_learners(server, job_id, 1)
+        assert all(lr["node"] == other for lr in model["learners"])
+        assert any("drained node" in (e["reason"] or "") for e in model["events"])
+    for job_id in (elastic_id, fixed_id):
+        server.wait_status(job_id, {"COMPLETED"}, timeout=120)
+        starts = _starts(server, job_id)
+        assert len(starts) == 2 and starts[1][2] > 0, "resumed from its checkpoint"
+    view = {n["name"]: n for n in server.client.get("/v1/nodes").json()["nodes"]}
+    assert view[busy]["schedulable"] is False
+    assert server.client.post(f"/v1/nodes/{busy}/undrain").status_code == 200
+
+
+def test_high_priority_arrival_shrinks_an_elastic_job_instead_of_preempting(
+    tmp_path: Path,
+) -> None:
+    config = {
+        **FAST_CONFIG,
+        "nodes": TWO_NODES,
+        "autoscaler_interval_s": 0.5,
+        "min_rescale_interval_s": 1,
+        "halt_grace_s": 5,
+    }
+    server = LiveServer(home=tmp_path / "home", config=config)
+    server.start()
+    try:
+        manifest, files = elastic_job(2000, priority=10)
+        elastic_id = server.submit_ok(manifest, files)
+        grown = _wait_learners(server, elastic_id, 4)  # idle GPUs: the autoscaler grows it
+        assert any(e["to"] == "RESCALING" for e in grown["events"])
+
+        urgent = server.submit_ok(
+            manifest_yaml("python -c 'import time; time.sleep(3)'", learners=2, priority=90)
+        )
+        server.wait_status(urgent, {"PROCESSING", "STORING", "COMPLETED"}, timeout=90)
+        model = server.model(elastic_id)
+        assert model["training"]["training_status"]["status"] != "HALTED"
+        assert not any(e["to"] == "HALTING" for e in model["events"]), "was preempted"
+        shrinks = [e for e in model["events"] if e["to"] == "RESCALING" and "4→" in e["reason"]]
+        assert shrinks, [e["reason"] for e in model["events"]]
+        server.client.delete(f"/v1/models/{elastic_id}")
+    finally:
+        server.stop()
+        server.kill_learners()
