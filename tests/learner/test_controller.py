@@ -285,7 +285,7 @@ def test_regex_groups_and_the_emetrics_file_become_metrics(
     found = [(m["group"], m["iteration"], m["values"]) for m in api.items("emetric")]
     assert found == [
         ("test", 10, {"accuracy": 0.5}),
-        ("train", 3, {"loss": 0.25}),
+        ("train", 3, {"loss": 0.25, "samples": 64.0}),
         ("train", 4, {"loss": 0.2}),
     ]
     assert api.items("emetric")[1]["time"] == 5.0

@@ -57,7 +57,10 @@ def test_both_emetrics_shapes_parse() -> None:
             {"time": 7.5, "group": "test", "iteration": None, "samples": 3, "values": {"f1": 1}}
         )
     )
-    assert nested == EMetric(group="test", iteration=None, values={"f1": 1.0}, time=7.5)
+    # The SDK's cumulative sample count travels with the values (the platform's throughput).
+    assert nested == EMetric(
+        group="test", iteration=None, values={"f1": 1.0, "samples": 3.0}, time=7.5
+    )
     flat = parse_emetrics_line(
         json.dumps({"epoch": 2, "step": 40, "loss": 0.1, "tag": "x", "ok": True})
     )

@@ -107,7 +107,7 @@ class BackfillLimits:
         self.state = state
         self.fenced: set[str] = set()
         self.shadow: dict[str, Resources] = {}
-        self.short = _copy_view(state)
+        self._short: CapacityView | None = None  # the state itself until a node is fenced
         self.long: CapacityView | None = None
 
     def set_shadow(self, shadow: dict[str, Resources]) -> None:
@@ -130,12 +130,16 @@ class BackfillLimits:
         )
 
     def view_for(self, short: bool) -> CapacityView:
-        return self.short if short or self.long is None else self.long
+        if short or self.long is None:
+            return self.state if self._short is None else self._short
+        return self.long
 
     def fence(self, names: set[str]) -> int:
         """Fence more nodes; returns how many nodes are fenced now."""
         new = names - self.fenced
         self.fenced |= new
+        if new and self._short is None:
+            self._short = _copy_view(self.state)
         for name in new:
             self._refresh(name)
         return len(self.fenced)
@@ -149,10 +153,11 @@ class BackfillLimits:
 
     def _refresh(self, name: str) -> None:
         item = self.state.free[name]
-        if name in self.fenced:
-            self.short.set_free(name, 0, 0.0, 0)
-        else:
-            self.short.set_free(name, item.gpus, item.cpus, item.memory_mb)
+        if self._short is not None:
+            if name in self.fenced:
+                self._short.set_free(name, 0, 0.0, 0)
+            else:
+                self._short.set_free(name, item.gpus, item.cpus, item.memory_mb)
         if self.long is not None:
             limited = self._long_free(name, item)
             self.long.set_free(name, limited.gpus, limited.cpus, limited.memory_mb)
@@ -188,9 +193,9 @@ class QueueSimulation:
         self._estimate = ETA_WITH_TYPICAL if typical_used else ETA_FROM_EXPECTED
         self._sequence = 0
 
-    def hold(self, amount: Resources, until: float | None, *, running: bool) -> None:
-        """Something already holding resources, released at ``until`` (None: never known)."""
-        self._hold(amount.gpus, amount.cpus, amount.memory_mb, until, running)
+    def hold_learners(self, per: Resources, learners: int, until: float | None) -> None:
+        """Learners already holding resources, released at ``until`` (None: end unknown)."""
+        self._hold(per.gpus * learners, per.cpus * learners, per.memory_mb * learners, until, True)
 
     def _hold(
         self, gpus: int, cpus: float, memory: int, until: float | None, running: bool

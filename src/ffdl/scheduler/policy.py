@@ -420,48 +420,65 @@ class _Pass:
 
     # -- waiting reasons and ETAs ------------------------------------------------------
 
-    def _simulation(self, gpu_type: str | None) -> QueueSimulation:
-        """The pooled simulation over the nodes a job of ``gpu_type`` may use."""
-        names = {
-            name
-            for name in self.schedulable
-            if gpu_type is None or self.state.free[name].node.gpu_type == gpu_type
-        }
-        free = Resources()
-        for name in names:
-            item = self.state.free[name]
-            free = free + Resources(max(item.gpus, 0), max(item.cpus, 0.0), max(item.memory_mb, 0))
+    def _holders(self) -> list[tuple[Resources, float | None, dict[str, int]]]:
+        """Everything that holds resources after this pass: (per learner, expected end,
+        learners per GPU type on schedulable nodes)."""
         typical = self.snap.typical_duration_s
-        typical_used = typical is not None and (
+        node_type = {name: self.state.free[name].node.gpu_type for name in self.schedulable}
+        holders: list[tuple[Resources, float | None, dict[str, int]]] = []
+
+        def add(per: Resources, end: float | None, nodes: list[str]) -> None:
+            by_type: dict[str, int] = {}
+            for name in nodes:
+                kind = node_type.get(name)
+                if kind is not None:
+                    by_type[kind] = by_type.get(kind, 0) + 1
+            if by_type:
+                holders.append((per, end, by_type))
+
+        for running in self.snap.running:
+            if running.id not in self.victims:
+                duration = running.expected_duration_s or typical
+                end = None if duration is None else running.started_at + duration
+                add(running.per_learner, end, [lp.node for lp in running.placement.learners])
+        for start in self.starts:
+            job = self.started[start.job_id]
+            duration = self._duration(job)
+            end = None if duration is None else self.now + duration
+            add(job.per_learner, end, [lp.node for lp in start.placement.learners])
+        for hold in self.holds:
+            duration = self._duration(hold.job)
+            end = None if duration is None else self.now + duration
+            for name, amount in hold.placement:
+                add(amount, end, [name])
+        return holders
+
+    def _simulation(
+        self, gpu_type: str | None, holders: list[tuple[Resources, float | None, dict[str, int]]]
+    ) -> QueueSimulation:
+        """The pooled simulation over the nodes a job of ``gpu_type`` may use."""
+        gpus, cpus, memory = 0, 0.0, 0
+        for name in self.schedulable:
+            item = self.state.free[name]
+            if gpu_type is None or item.node.gpu_type == gpu_type:
+                gpus += max(item.gpus, 0)
+                cpus += max(item.cpus, 0.0)
+                memory += max(item.memory_mb, 0)
+        typical_used = self.snap.typical_duration_s is not None and (
             any(r.expected_duration_s is None for r in self.snap.running)
             or any(j.expected_duration_s is None for j in self.order)
         )
-        sim = QueueSimulation(self.now, free, typical_used)
-        for running in self.snap.running:
-            if running.id in self.victims:
-                continue
-            here = sum(1 for lp in running.placement.learners if lp.node in names)
-            if here:
-                duration = running.expected_duration_s or typical
-                end = None if duration is None else running.started_at + duration
-                sim.hold(running.per_learner.scaled(here), end, running=True)
-        for start in self.starts:
-            job = self.started[start.job_id]
-            here = sum(1 for lp in start.placement.learners if lp.node in names)
-            if here:
-                duration = self._duration(job)
-                end = None if duration is None else self.now + duration
-                sim.hold(job.per_learner.scaled(here), end, running=True)
+        sim = QueueSimulation(self.now, Resources(gpus, cpus, memory), typical_used)
+        for per, end, by_type in holders:
+            count = sum(by_type.values()) if gpu_type is None else by_type.get(gpu_type, 0)
+            if count:
+                sim.hold_learners(per, count, end)
         for hold in self.holds:
-            duration = self._duration(hold.job)
             for name, left in hold.victims_left.items():
-                if name in names:
+                if name in self.schedulable and (
+                    gpu_type is None or self.state.free[name].node.gpu_type == gpu_type
+                ):
                     sim.release_now(left)
-            taken = Resources()
-            for name, amount in hold.placement:
-                if name in names:
-                    taken = taken + amount
-            sim.hold(taken, None if duration is None else self.now + duration, running=True)
         return sim
 
     def _head_words(self, job: QueuedJob) -> str:
@@ -479,6 +496,7 @@ class _Pass:
     def _waiting(self) -> tuple[Waiting, ...]:
         # One pooled simulation per GPU type asked for (None: the whole cluster).
         sims: dict[str | None, QueueSimulation] = {}
+        holders: list[tuple[Resources, float | None, dict[str, int]]] | None = None
         shortfalls: dict[_ShapeKey, str] = {}
         out: list[Waiting] = []
         started, outcome, now = self.started, self.outcome, self.now
@@ -493,7 +511,8 @@ class _Pass:
             kind, detail = outcome[job.id]
             sim = sims.get(job.gpu_type)
             if sim is None:
-                sim = sims[job.gpu_type] = self._simulation(job.gpu_type)
+                holders = self._holders() if holders is None else holders
+                sim = sims[job.gpu_type] = self._simulation(job.gpu_type, holders)
             eta: float | None
             if kind == _HELD:
                 reason = behind_reason(ahead_higher, ahead - ahead_higher)
