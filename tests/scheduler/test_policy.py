@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from ffdl.core.resources import LearnerPlacement, Node, Placement, Resources
 from ffdl.scheduler.policy import plan, schedule
 from ffdl.scheduler.snapshot import Decisions, QueuedJob, RunningJob, Snapshot
@@ -298,3 +300,16 @@ def test_same_snapshot_same_decisions() -> None:
     jobs = tuple(queued(f"j{i}", learners=1 + i % 3, gpus=1 + i % 2, at=i) for i in range(9))
     snap = Snapshot(NOW, nodes, jobs, busy)
     assert schedule(snap) == schedule(snap)
+
+
+def test_a_pass_leaves_the_garbage_collector_as_it_found_it() -> None:
+    snap = Snapshot(NOW, (node("a"),), (queued("x"),))
+    try:
+        gc.disable()
+        schedule(snap)
+        assert not gc.isenabled()
+        gc.enable()
+        schedule(snap)
+        assert gc.isenabled()
+    finally:
+        gc.enable()

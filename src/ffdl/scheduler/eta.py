@@ -33,6 +33,15 @@ class Release:
     at: float | None
     usage: tuple[tuple[str, Resources], ...]
 
+    @staticmethod
+    def of(job_id: str, per: Resources, at: float | None, nodes: list[str]) -> Release:
+        """The release of learners needing ``per`` each, one per entry of ``nodes``."""
+        counts: dict[str, int] = {}
+        for name in nodes:
+            counts[name] = counts.get(name, 0) + 1
+        usage = tuple((name, per if n == 1 else per.scaled(n)) for name, n in counts.items())
+        return Release(job_id, at, usage)
+
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
@@ -69,14 +78,17 @@ def reserve(
 ) -> tuple[Reservation, dict[str, Resources]]:
     """The head's reservation and the shadow: per node, what is free at the reserved time
     after the head's share (empty when the time is unknown)."""
-    timed = sorted((max(r.at, now), r.job_id, r) for r in releases if r.at is not None and r.usage)
+    timed = sorted(
+        ((max(r.at, now), r.job_id, i, r) for i, r in enumerate(releases) if r.at is not None),
+        key=lambda entry: entry[:3],
+    )
     view = _copy_view(state)
     index = 0
     while index < len(timed):
         at = timed[index][0]
         ended: list[str] = []
         while index < len(timed) and timed[index][0] == at:
-            release = timed[index][2]
+            release = timed[index][3]
             for name, amount in release.usage:
                 if name in view.free:
                     view.add(name, amount)
@@ -167,6 +179,27 @@ def choice_usage(job: QueuedJob, choice: Choice) -> tuple[tuple[str, Resources],
     return tuple((name, job.per_learner.scaled(count)) for name, count in choice)
 
 
+def duration_words(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    if minutes < 1:
+        return "under 1 min"
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+def reservation_words(reservation: Reservation, now: float) -> str:
+    if reservation.at is None:
+        return "no running job it waits for has an expected end"
+    names = reservation.waiting_for
+    who = names[0]
+    if len(names) > 1:
+        who += f" and {len(names) - 1} other job" + ("" if len(names) == 2 else "s")
+    when = duration_words(reservation.at - now)
+    return f"reserved: waiting for {who} to finish (expected in {when})"
+
+
 # ---------------------------------------------------------------------------------------
 # ETAs
 
@@ -180,6 +213,22 @@ TOO_SMALL = "the schedulable nodes are too small for it"
 
 class QueueSimulation:
     """The pooled cluster over time, admitting queued jobs in queue order."""
+
+    __slots__ = (
+        "_cpus",
+        "_estimate",
+        "_events",
+        "_forever_ahead",
+        "_forever_running",
+        "_gpus",
+        "_later_cpus",
+        "_later_gpus",
+        "_later_memory",
+        "_memory",
+        "_sequence",
+        "clock",
+        "now",
+    )
 
     def __init__(self, now: float, free: Resources, typical_used: bool) -> None:
         self.now = now
@@ -258,5 +307,65 @@ class QueueSimulation:
         self._gpus -= gpus
         self._cpus -= cpus
         self._memory -= memory
-        self._hold(gpus, cpus, memory, None if duration is None else at + duration, False)
+        if duration is None:
+            self._forever_ahead = True
+        else:
+            self._sequence += 1
+            heapq.heappush(events, (at + duration, self._sequence, gpus, cpus, memory))
+            self._later_gpus += gpus
+            self._later_cpus += cpus
+            self._later_memory += memory
         return at - self.now, self._estimate
+
+
+class PooledEstimates:
+    """One ``QueueSimulation`` per GPU type asked for (None: the whole cluster), built on
+    first use from what holds resources: (per learner, expected end, the learners' nodes)."""
+
+    def __init__(
+        self,
+        now: float,
+        view: CapacityView,
+        holding: list[tuple[Resources, float | None, list[str]]],
+        handed_back: list[tuple[str, Resources]],
+        typical_used: bool,
+    ) -> None:
+        self.now = now
+        self.view = view
+        self.node_type = {name: view.free[name].node.gpu_type for name in view.all.names}
+        self.holding: list[tuple[Resources, float | None, dict[str, int]]] = []
+        for per, end, nodes in holding:
+            by_type: dict[str, int] = {}
+            for name in nodes:
+                kind = self.node_type.get(name)
+                if kind is not None:
+                    by_type[kind] = by_type.get(kind, 0) + 1
+            if by_type:
+                self.holding.append((per, end, by_type))
+        self.handed_back = [(n, r) for n, r in handed_back if n in self.node_type]
+        self.typical_used = typical_used
+        self._sims: dict[str | None, QueueSimulation] = {}
+
+    def for_type(self, gpu_type: str | None) -> QueueSimulation:
+        sim = self._sims.get(gpu_type)
+        if sim is None:
+            sim = self._sims[gpu_type] = self._build(gpu_type)
+        return sim
+
+    def _build(self, gpu_type: str | None) -> QueueSimulation:
+        gpus, cpus, memory = 0, 0.0, 0
+        for name, kind in self.node_type.items():
+            if gpu_type is None or kind == gpu_type:
+                item = self.view.free[name]
+                gpus += max(item.gpus, 0)
+                cpus += max(item.cpus, 0.0)
+                memory += max(item.memory_mb, 0)
+        sim = QueueSimulation(self.now, Resources(gpus, cpus, memory), self.typical_used)
+        for per, end, by_type in self.holding:
+            count = sum(by_type.values()) if gpu_type is None else by_type.get(gpu_type, 0)
+            if count:
+                sim.hold_learners(per, count, end)
+        for name, left in self.handed_back:
+            if gpu_type is None or self.node_type[name] == gpu_type:
+                sim.release_now(left)
+        return sim

@@ -60,17 +60,6 @@ def node_slots(free: NodeFree, per: Resources) -> int:
     return slots_for(free.gpus, free.cpus, free.memory_mb, per)
 
 
-def held_per_node(
-    running: Iterable[RunningJob],
-) -> dict[str, list[tuple[Resources, tuple[int, ...]]]]:
-    """Per node, the resources and GPU ids each running learner holds there."""
-    held: dict[str, list[tuple[Resources, tuple[int, ...]]]] = {}
-    for job in running:
-        for learner in job.placement.learners:
-            held.setdefault(learner.node, []).append((job.per_learner, learner.gpu_ids))
-    return held
-
-
 def gpu_ids_in_use(nodes: Sequence[Node], running: Iterable[RunningJob]) -> dict[str, set[int]]:
     """GPU ids held by running jobs on each known node (ids outside the node are ignored)."""
     known = {node.name: node.gpus for node in nodes}
@@ -90,19 +79,24 @@ def compute_free(nodes: Sequence[Node], running: Iterable[RunningJob]) -> dict[s
     then the smaller of "capacity minus counts" and "ids nobody holds", so a GPU is never
     handed out twice. Placements on nodes that are no longer known are ignored.
     """
-    running = tuple(running)
-    in_use = gpu_ids_in_use(nodes, running)
-    held = held_per_node(running)
-    free: dict[str, NodeFree] = {}
-    for node in nodes:
-        gpus, cpus, memory = node.gpus, node.cpus, node.memory_mb
-        for per, _ids in held.get(node.name, ()):
-            gpus -= per.gpus
-            cpus -= per.cpus
-            memory -= per.memory_mb
-        ids = [g for g in range(node.gpus) if g not in in_use[node.name]]
-        gpus = min(gpus, len(ids))
-        free[node.name] = NodeFree(node, gpus, cpus, memory, ids)
+    free = {node.name: NodeFree(node, node.gpus, node.cpus, node.memory_mb) for node in nodes}
+    used_ids: dict[str, set[int]] = {}
+    for job in running:
+        per = job.per_learner
+        for learner in job.placement.learners:
+            item = free.get(learner.node)
+            if item is None:
+                continue
+            item.gpus -= per.gpus
+            item.cpus -= per.cpus
+            item.memory_mb -= per.memory_mb
+            if learner.gpu_ids:
+                used_ids.setdefault(learner.node, set()).update(learner.gpu_ids)
+    for name, item in free.items():
+        used = used_ids.get(name)
+        capacity = item.node.gpus
+        item.gpu_ids = [g for g in range(capacity) if g not in used] if used else [*range(capacity)]
+        item.gpus = min(item.gpus, len(item.gpu_ids))
     return free
 
 
@@ -123,14 +117,27 @@ class Pool:
     def level_of(gpus: int, size: int) -> int:
         return min(max(gpus, 0), size - 1)
 
-    def add(self, name: str, free: NodeFree) -> None:
-        self.names.append(name)
-        level = self.level_of(free.gpus, len(self.levels))
-        self.levels[level][name] = None
-        self.top_hint = max(self.top_hint, level)
-        self.free_gpus += max(free.gpus, 0)
-        self.free_cpus += max(free.cpus, 0.0)
-        self.free_memory_mb += max(free.memory_mb, 0)
+    def add_all(self, items: Iterable[NodeFree]) -> None:
+        """Add nodes (one pass over them: building views is on every pass's path)."""
+        levels, size = self.levels, len(self.levels)
+        top, gpus, cpus, memory = self.top_hint, 0, 0.0, 0
+        for item in items:
+            name = item.node.name
+            self.names.append(name)
+            level = item.gpus if 0 <= item.gpus < size else (0 if item.gpus < 0 else size - 1)
+            levels[level][name] = None
+            if level > top:
+                top = level
+            if item.gpus > 0:
+                gpus += item.gpus
+            if item.cpus > 0:
+                cpus += item.cpus
+            if item.memory_mb > 0:
+                memory += item.memory_mb
+        self.top_hint = top
+        self.free_gpus += gpus
+        self.free_cpus += cpus
+        self.free_memory_mb += memory
 
     def move(self, name: str, before: tuple[int, float, int], after: NodeFree) -> None:
         size = len(self.levels)
@@ -183,17 +190,18 @@ class CapacityView:
         schedulable = [f for f in free.values() if f.node.schedulable]
         self._max_gpus = max((f.node.gpus for f in schedulable), default=0)
         self.all = Pool(self._max_gpus)
-        self._memberships: dict[str, list[Pool]] = {}
-        self._by_type: dict[str, Pool] = {}
-        self._by_label: dict[str, dict[str, Pool]] = {}
+        self.all.add_all(schedulable)
+        by_type: dict[str, list[NodeFree]] = {}
         for item in schedulable:
-            name = item.node.name
-            self.all.add(name, item)
-            type_pool = self._by_type.get(item.node.gpu_type)
-            if type_pool is None:
-                type_pool = self._by_type[item.node.gpu_type] = Pool(self._max_gpus)
-            type_pool.add(name, item)
-            self._memberships[name] = [self.all, type_pool]
+            by_type.setdefault(item.node.gpu_type, []).append(item)
+        self._by_type: dict[str, Pool] = {}
+        self._memberships: dict[str, list[Pool]] = {}
+        for gpu_type, items in by_type.items():
+            pool = self._by_type[gpu_type] = Pool(self._max_gpus)
+            pool.add_all(items)
+            for item in items:
+                self._memberships[item.node.name] = [self.all, pool]
+        self._by_label: dict[str, dict[str, Pool]] = {}
         self.version = 0
 
     def pool_for(self, gpu_type: str | None) -> Pool | None:
@@ -206,19 +214,19 @@ class CapacityView:
         """One pool per value of label ``key`` (built on first use, then kept up to date)."""
         groups = self._by_label.get(key)
         if groups is None:
-            groups = {}
+            members: dict[str, list[NodeFree]] = {}
             for name in self.all.names:
                 item = self.free[name]
                 value = item.node.labels.get(key)
-                if value is None:
-                    continue
-                pool = groups.get(value)
-                if pool is None:
-                    pool = groups[value] = Pool(self._max_gpus)
-                pool.add(name, item)
-                self._memberships[name].append(pool)
-            self._by_label[key] = dict(sorted(groups.items()))
-            groups = self._by_label[key]
+                if value is not None:
+                    members.setdefault(value, []).append(item)
+            groups = {}
+            for value in sorted(members):
+                pool = groups[value] = Pool(self._max_gpus)
+                pool.add_all(members[value])
+                for item in members[value]:
+                    self._memberships[item.node.name].append(pool)
+            self._by_label[key] = groups
         return groups
 
     def set_free(self, name: str, gpus: int, cpus: float, memory_mb: int) -> None:

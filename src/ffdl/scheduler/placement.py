@@ -13,16 +13,17 @@ Owns where the learners of one job go, given what is free:
 - ``gpu_type``: only nodes whose ``gpu_type`` equals it; unschedulable nodes take nothing.
 
 Also owns ``never_fits`` (could the job be placed on the empty cluster at all?) and the
-plain-words descriptions of why a job does not fit what is free now.
+nodes a job could ever use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ffdl.core.resources import LearnerPlacement, Node, Placement, Resources
 from ffdl.scheduler.free import CPU_EPSILON, CapacityView, FreeState, Pool, node_slots, slots_for
+from ffdl.scheduler.queue import describe, fmt_number, gang, plural
 from ffdl.scheduler.snapshot import QueuedJob
 
 # Node name → how many learners of the job go there, in learner order.
@@ -253,8 +254,9 @@ def _place_without_gpus(
 # Could the job ever fit?  (the empty cluster)
 
 
-@dataclass(frozen=True, slots=True)
-class _NodeClass:
+class _NodeClass(NamedTuple):
+    """Nodes with the same capacity and GPU type (a tuple: hashed fast for big clusters)."""
+
     gpus: int
     cpus: float
     memory_mb: int
@@ -319,33 +321,6 @@ def _typed(classes: dict[_NodeClass, int], gpu_type: str | None) -> dict[_NodeCl
 
 def _class_slots(classes: dict[_NodeClass, int], per: Resources) -> int:
     return sum(slots_for(c.gpus, c.cpus, c.memory_mb, per) * n for c, n in classes.items())
-
-
-def fmt_number(value: float) -> str:
-    return f"{value:g}"
-
-
-def plural(count: float, noun: str) -> str:
-    return f"{fmt_number(count)} {noun}" + ("" if count == 1 else "s")
-
-
-def describe(per: Resources) -> str:
-    parts = []
-    if per.gpus:
-        parts.append(plural(per.gpus, "GPU"))
-    if per.cpus:
-        parts.append(plural(per.cpus, "CPU"))
-    if per.memory_mb:
-        parts.append(f"{per.memory_mb} MiB memory")
-    return ", ".join(parts) or "no resources"
-
-
-# The multiplication sign of "2 learners by 4 GPUs" in the reasons users read.
-TIMES = "\u00d7"
-
-
-def gang(learners: int, what: str) -> str:
-    return what if learners == 1 else f"{learners} learners {TIMES} {what}"
 
 
 def never_fits_on(job: QueuedJob, shape: ClusterShape) -> str | None:
@@ -445,64 +420,3 @@ def usable_nodes(job: QueuedJob, shape: ClusterShape) -> set[str]:
                 if c in typed:
                     usable.update(names)
     return usable
-
-
-def describe_shortfall(view: CapacityView, job: QueuedJob) -> str:
-    """Why the job does not fit what is free on ``view`` now, naming the numbers."""
-    per, learners = job.per_learner, job.learners
-    kind = f"{job.gpu_type} " if job.gpu_type else ""
-    if job.same_label is not None:
-        return _describe_locality_shortfall(view, job, kind)
-    pool = view.pool_for(job.gpu_type)
-    if pool is None:
-        return f"no schedulable node has gpu_type={job.gpu_type}"
-    return _describe_pool_shortfall(pool, per, learners, kind, "")
-
-
-def _describe_pool_shortfall(
-    pool: Pool, per: Resources, learners: int, kind: str, where: str
-) -> str:
-    free_nodes = pool.nodes_with_free_gpus()
-    if per.gpus:
-        top = pool.top
-        free = f"{plural(pool.free_gpus, 'GPU')} free on {plural(free_nodes, 'node')}"
-        if pool.free_gpus < per.gpus * learners:
-            return f"needs {gang(learners, plural(per.gpus, kind + 'GPU'))}{where}; {free}"
-        if top < per.gpus:
-            return (
-                f"needs {plural(per.gpus, kind + 'GPU')} on one node{where}; "
-                f"largest free block is {top}"
-            )
-        room = pool.gpu_slot_bound(per.gpus)
-        if room < learners:
-            return (
-                f"needs {gang(learners, plural(per.gpus, kind + 'GPU'))}{where}; {free}, "
-                f"room for only {plural(room, 'such learner')}"
-            )
-    if per.cpus and pool.free_cpus + CPU_EPSILON < per.cpus * learners:
-        return (
-            f"needs {gang(learners, plural(per.cpus, 'CPU'))}{where}; "
-            f"{fmt_number(round(pool.free_cpus, 3))} CPUs free"
-        )
-    if per.memory_mb and pool.free_memory_mb < per.memory_mb * learners:
-        return (
-            f"needs {gang(learners, f'{per.memory_mb} MiB memory')}{where}; "
-            f"{pool.free_memory_mb} MiB free"
-        )
-    return (
-        f"needs {gang(learners, kind + describe(per))}{where}; no set of free nodes can "
-        f"hold them ({plural(pool.free_gpus, 'GPU')}, "
-        f"{fmt_number(round(pool.free_cpus, 3))} CPUs free)"
-    )
-
-
-def _describe_locality_shortfall(view: CapacityView, job: QueuedJob, kind: str) -> str:
-    label = job.same_label
-    assert label is not None
-    groups = view.label_groups(label)
-    if not groups:
-        return f"no schedulable node has a {label} label"
-    value, pool = max(groups.items(), key=lambda item: (item[1].free_gpus, item[1].free_cpus))
-    return _describe_pool_shortfall(
-        pool, job.per_learner, job.learners, kind, f" with {label}={value} (the most free)"
-    )

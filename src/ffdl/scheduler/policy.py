@@ -29,15 +29,18 @@ once they are halted.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 from ffdl.core.resources import Placement, Resources
 from ffdl.scheduler.eta import (
     BackfillLimits,
+    PooledEstimates,
     QueueSimulation,
     Release,
     Reservation,
     choice_usage,
+    reservation_words,
     reserve,
 )
 from ffdl.scheduler.free import FreeState
@@ -45,19 +48,19 @@ from ffdl.scheduler.placement import (
     Choice,
     ClusterShape,
     assign,
-    describe_shortfall,
     effective_policy,
     find_nodes,
     never_fits,
     never_fits_on,
-    plural,
     usable_nodes,
 )
 from ffdl.scheduler.preemption import VictimIndex, VictimUsage, split_claim, victim_usage
 from ffdl.scheduler.queue import (
     DEFAULT_AGING_THRESHOLD_S,
     behind_reason,
+    describe_shortfall,
     has_aged,
+    plural,
     queue_order,
 )
 from ffdl.scheduler.quota import QuotaBook, borrowing_jobs
@@ -120,23 +123,22 @@ def plan(
     max_preemptors: int = DEFAULT_MAX_PREEMPTORS,
 ) -> Plan:
     """``schedule`` with the head's reservation and the borrowing starts."""
-    return _Pass(snapshot, backfill, preemption, aging_threshold_s, max_preemptors).run()
+    # A pass allocates tens of thousands of short-lived objects and makes no reference
+    # cycles, so the cyclic collector would only walk the caller's whole heap mid-pass;
+    # it is paused for the pass (reference counting still frees everything).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _Pass(snapshot, backfill, preemption, aging_threshold_s, max_preemptors).run()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _shape(job: QueuedJob) -> _ShapeKey:
     """What placement depends on, as plain values (cheap to hash for 10,000 jobs)."""
     per = job.per_learner
     return (per.gpus, per.cpus, per.memory_mb, job.learners, job.gpu_type, job.same_label)
-
-
-def _duration_words(seconds: float) -> str:
-    minutes = round(seconds / 60)
-    if minutes < 1:
-        return "under 1 min"
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
 
 
 @dataclass(slots=True)
@@ -193,7 +195,10 @@ class _Pass:
 
     def run(self) -> Plan:
         deferred: list[tuple[QueuedJob, str]] = []
-        for job in self.order:
+        for index, job in enumerate(self.order):
+            if self.closed:
+                self._rest_wait(index, deferred)
+                break
             key = _shape(job)
             never = self._never(job, key)
             if never is not None:
@@ -203,22 +208,19 @@ class _Pass:
             if over is not None:
                 deferred.append((job, over))
                 continue
-            if not self.closed:
-                short = self._is_short(job)
-                choice = self._try(job, key, short)
-                if choice is not None:
-                    self._start(job, choice, short)
-                    continue
-                if self.head is None:
-                    if self.preemption and self._preempt(job):
-                        continue
+            short = self._is_short(job)
+            choice = self._try(job, key, short)
+            if choice is not None:
+                self._start(job, choice, short)
+            elif self.head is None:
+                if not (self.preemption and self._preempt(job)):
                     self._become_head(job)
                     self.waiting_in_quota.append(job)
-                    continue
-            self.outcome[job.id] = (_HELD if self._fits_now(job, key) else _CAPACITY, "")
-            self.waiting_in_quota.append(job)
-            if not self.closed and has_aged(job, self.now, self.aging_threshold_s):
-                self._fence(job)
+            else:
+                self.outcome[job.id] = (_HELD if self._fits_now(job, key) else _CAPACITY, "")
+                self.waiting_in_quota.append(job)
+                if has_aged(job, self.now, self.aging_threshold_s):
+                    self._fence(job)
         self._borrow(deferred)
         return Plan(
             Decisions(tuple(self.starts), tuple(self.preemptions), self._waiting()),
@@ -226,11 +228,27 @@ class _Pass:
             tuple(self.borrowed),
         )
 
+    def _rest_wait(self, start: int, deferred: list[tuple[QueuedJob, str]]) -> None:
+        """Once nothing more can start, only jobs over their quota need handling now (for
+        borrowing); the rest wait, and their reasons are worked out with the others."""
+        quotas = self.snap.quotas
+        for job in self.order[start:]:
+            if job.tenant in quotas and self._never(job, _shape(job)) is None:
+                over = self.quota.over_quota(job)
+                if over is not None:
+                    deferred.append((job, over))
+
+    def _verdict(self, job: QueuedJob, key: _ShapeKey) -> tuple[int, str]:
+        """Why a job from after the walk closed waits (free capacity no longer changes)."""
+        never = self._never(job, key)
+        if never is not None:
+            return (_NEVER, never)
+        return (_HELD if self._fits_now(job, key) else _CAPACITY, "")
+
     def _never(self, job: QueuedJob, key: _ShapeKey) -> str | None:
-        if key in self.never_cache:
-            return self.never_cache[key]
-        reason = self.never_cache[key] = never_fits_on(job, self.shape)
-        return reason
+        if key not in self.never_cache:
+            self.never_cache[key] = never_fits_on(job, self.shape)
+        return self.never_cache[key]
 
     def _is_short(self, job: QueuedJob) -> bool:
         """Expected to end before the head's reserved time (so it cannot delay the head)."""
@@ -291,35 +309,39 @@ class _Pass:
         else:
             self.limits.set_shadow(shadow)
 
-    def _releases(self) -> list[Release]:
-        releases = []
+    def _holding(self) -> list[tuple[str, Resources, float | None, list[str]]]:
+        """Running jobs not preempted and this pass's starts: (id, per learner, expected
+        end, the learners' nodes)."""
         typical = self.snap.typical_duration_s
+        holding = []
         for running in self.snap.running:
-            if running.id in self.victims:
-                continue
-            duration = running.expected_duration_s or typical
-            usage: dict[str, Resources] = {}
-            for learner in running.placement.learners:
-                usage[learner.node] = usage.get(learner.node, Resources()) + running.per_learner
-            releases.append(
-                Release(
-                    running.id,
-                    None if duration is None else running.started_at + duration,
-                    tuple(usage.items()),
-                )
-            )
+            if running.id not in self.victims:
+                duration = running.expected_duration_s or typical
+                end = None if duration is None else running.started_at + duration
+                nodes = [lp.node for lp in running.placement.learners]
+                holding.append((running.id, running.per_learner, end, nodes))
         for start in self.starts:
             job = self.started[start.job_id]
             duration = self._duration(job)
-            usage = {}
-            for learner in start.placement.learners:
-                usage[learner.node] = usage.get(learner.node, Resources()) + job.per_learner
-            at = None if duration is None else self.now + duration
-            releases.append(Release(job.id, at, tuple(usage.items())))
+            end = None if duration is None else self.now + duration
+            holding.append(
+                (job.id, job.per_learner, end, [lp.node for lp in start.placement.learners])
+            )
+        return holding
+
+    def _hold_end(self, hold: _Hold) -> float | None:
+        duration = self._duration(hold.job)
+        return None if duration is None else self.now + duration
+
+    def _releases(self) -> list[Release]:
+        """What every holder gives back, per node, at its expected end (for ``reserve``)."""
+        releases = [
+            Release.of(job_id, per, end, nodes) for job_id, per, end, nodes in self._holding()
+        ]
         for hold in self.holds:
-            duration = self._duration(hold.job)
-            at = None if duration is None else self.now + duration
-            releases.append(Release(hold.job.id, at, tuple(hold.from_free.items())))
+            releases.append(
+                Release(hold.job.id, self._hold_end(hold), tuple(hold.from_free.items()))
+            )
         return releases
 
     def _usable(self, job: QueuedJob) -> set[str]:
@@ -387,18 +409,19 @@ class _Pass:
     def _borrow(self, deferred: list[tuple[QueuedJob, str]]) -> None:
         if not deferred:
             return
+        # Borrowers keep off every node a waiting job within its quota could use.
         fenced: set[str] = set()
-        shut = bool(self.waiting_in_quota) and not self.backfill
         seen: set[_ShapeKey] = set()
         for waiting in self.waiting_in_quota:
-            if shut or fenced >= self.schedulable:
-                shut = True
-                break
             key = _shape(waiting)
             if key not in seen:
                 seen.add(key)
                 fenced |= self._usable(waiting)
-        shut = shut or (bool(fenced) and fenced >= self.schedulable)
+                if len(fenced) >= len(self.schedulable):
+                    break
+        shut = bool(self.waiting_in_quota) and (
+            not self.backfill or len(fenced) >= len(self.schedulable)
+        )
         for job, over in deferred:
             if shut:
                 self.outcome[job.id] = (
@@ -420,83 +443,25 @@ class _Pass:
 
     # -- waiting reasons and ETAs ------------------------------------------------------
 
-    def _holders(self) -> list[tuple[Resources, float | None, dict[str, int]]]:
-        """Everything that holds resources after this pass: (per learner, expected end,
-        learners per GPU type on schedulable nodes)."""
-        typical = self.snap.typical_duration_s
-        node_type = {name: self.state.free[name].node.gpu_type for name in self.schedulable}
-        holders: list[tuple[Resources, float | None, dict[str, int]]] = []
-
-        def add(per: Resources, end: float | None, nodes: list[str]) -> None:
-            by_type: dict[str, int] = {}
-            for name in nodes:
-                kind = node_type.get(name)
-                if kind is not None:
-                    by_type[kind] = by_type.get(kind, 0) + 1
-            if by_type:
-                holders.append((per, end, by_type))
-
-        for running in self.snap.running:
-            if running.id not in self.victims:
-                duration = running.expected_duration_s or typical
-                end = None if duration is None else running.started_at + duration
-                add(running.per_learner, end, [lp.node for lp in running.placement.learners])
-        for start in self.starts:
-            job = self.started[start.job_id]
-            duration = self._duration(job)
-            end = None if duration is None else self.now + duration
-            add(job.per_learner, end, [lp.node for lp in start.placement.learners])
+    def _estimates(self) -> PooledEstimates:
+        """The pooled ETA simulations, fed with everything that holds resources after
+        this pass and what preempted jobs hand back once they halt."""
+        holding = [(per, end, nodes) for _id, per, end, nodes in self._holding()]
+        handed_back: list[tuple[str, Resources]] = []
         for hold in self.holds:
-            duration = self._duration(hold.job)
-            end = None if duration is None else self.now + duration
-            for name, amount in hold.placement:
-                add(amount, end, [name])
-        return holders
-
-    def _simulation(
-        self, gpu_type: str | None, holders: list[tuple[Resources, float | None, dict[str, int]]]
-    ) -> QueueSimulation:
-        """The pooled simulation over the nodes a job of ``gpu_type`` may use."""
-        gpus, cpus, memory = 0, 0.0, 0
-        for name in self.schedulable:
-            item = self.state.free[name]
-            if gpu_type is None or item.node.gpu_type == gpu_type:
-                gpus += max(item.gpus, 0)
-                cpus += max(item.cpus, 0.0)
-                memory += max(item.memory_mb, 0)
+            end = self._hold_end(hold)
+            holding.extend((amount, end, [name]) for name, amount in hold.placement)
+            handed_back.extend(hold.victims_left.items())
         typical_used = self.snap.typical_duration_s is not None and (
             any(r.expected_duration_s is None for r in self.snap.running)
             or any(j.expected_duration_s is None for j in self.order)
         )
-        sim = QueueSimulation(self.now, Resources(gpus, cpus, memory), typical_used)
-        for per, end, by_type in holders:
-            count = sum(by_type.values()) if gpu_type is None else by_type.get(gpu_type, 0)
-            if count:
-                sim.hold_learners(per, count, end)
-        for hold in self.holds:
-            for name, left in hold.victims_left.items():
-                if name in self.schedulable and (
-                    gpu_type is None or self.state.free[name].node.gpu_type == gpu_type
-                ):
-                    sim.release_now(left)
-        return sim
-
-    def _head_words(self, job: QueuedJob) -> str:
-        shortfall = describe_shortfall(self.state, job)
-        reservation = self.reservation
-        if reservation is None or reservation.at is None:
-            return f"{shortfall}; no running job it waits for has an expected end"
-        names = reservation.waiting_for
-        who = (
-            names[0] if len(names) == 1 else f"{names[0]} and {plural(len(names) - 1, 'other job')}"
-        )
-        when = _duration_words(reservation.at - self.now)
-        return f"{shortfall}; reserved: waiting for {who} to finish (expected in {when})"
+        return PooledEstimates(self.now, self.state, holding, handed_back, typical_used)
 
     def _waiting(self) -> tuple[Waiting, ...]:
-        # One pooled simulation per GPU type asked for (None: the whole cluster).
+        estimates = self._estimates()
         sims: dict[str | None, QueueSimulation] = {}
-        holders: list[tuple[Resources, float | None, dict[str, int]]] | None = None
+        verdicts: dict[_ShapeKey, tuple[int, str]] = {}
         shortfalls: dict[_ShapeKey, str] = {}
         out: list[Waiting] = []
         started, outcome, now = self.started, self.outcome, self.now
@@ -508,11 +473,22 @@ class _Pass:
                 continue
             if job.priority != priority:
                 priority, ahead_higher = job.priority, ahead
-            kind, detail = outcome[job.id]
-            sim = sims.get(job.gpu_type)
-            if sim is None:
-                holders = self._holders() if holders is None else holders
-                sim = sims[job.gpu_type] = self._simulation(job.gpu_type, holders)
+            decided = outcome.get(job.id)
+            if decided is None:
+                per = job.per_learner
+                key = (
+                    per.gpus,
+                    per.cpus,
+                    per.memory_mb,
+                    job.learners,
+                    job.gpu_type,
+                    job.same_label,
+                )
+                decided = verdicts.get(key) or verdicts.setdefault(key, self._verdict(job, key))
+            kind, detail = decided
+            sim = sims.get(job.gpu_type) or sims.setdefault(
+                job.gpu_type, estimates.for_type(job.gpu_type)
+            )
             eta: float | None
             if kind == _HELD:
                 reason = behind_reason(ahead_higher, ahead - ahead_higher)
@@ -524,7 +500,9 @@ class _Pass:
                 )
                 eta, eta_reason = sim.admit(job, job.expected_duration_s or typical)
             elif kind == _HEAD:
-                reason = self._head_words(job)
+                reason = describe_shortfall(self.state, job)
+                if self.reservation is not None:
+                    reason += "; " + reservation_words(self.reservation, now)
                 not_before = self.reservation.at if self.reservation is not None else None
                 eta, eta_reason = sim.admit(job, job.expected_duration_s or typical, not_before)
             elif kind == _QUOTA:

@@ -149,8 +149,11 @@ class VictimIndex:
         self.rank = {c.job.id: index for index, c in enumerate(self.ordered)}
         self.chosen: set[str] = set()
         self.usage: dict[str, _Usage] = {}
-        self.on_node: dict[str, list[tuple[Candidate, int, float, int]]] = {}
-        for candidate in self.ordered:
+        # Per node, largest first then most preferred: (-gpus, -cpus, -memory, rank, id,
+        # candidate, gpus, cpus, memory); ranks are unique, so tuples sort without ties.
+        self.on_node: dict[str, list[tuple[int, float, int, int, str, Candidate, int, float, int]]]
+        self.on_node = {}
+        for rank, candidate in enumerate(self.ordered):
             counts: dict[str, int] = {}
             for learner in candidate.job.placement.learners:
                 counts[learner.node] = counts.get(learner.node, 0) + 1
@@ -160,9 +163,11 @@ class VictimIndex:
             )
             self.usage[candidate.job.id] = usage
             for name, gpus, cpus, memory in usage:
-                self.on_node.setdefault(name, []).append((candidate, gpus, cpus, memory))
+                self.on_node.setdefault(name, []).append(
+                    (-gpus, -cpus, -memory, rank, candidate.job.id, candidate, gpus, cpus, memory)
+                )
         for entries in self.on_node.values():
-            entries.sort(key=lambda e: (-e[1], -e[2], -e[3], self.rank[e[0].job.id]))
+            entries.sort()
 
     def eligible(self, job: QueuedJob) -> list[Candidate]:
         """The victims ``job`` may preempt now, most preferred first."""
@@ -215,8 +220,9 @@ class VictimIndex:
         per = job.per_learner
         whole: dict[str, list[Candidate]] = {}  # per group: one node that suffices alone
         partial: dict[str, list[tuple[float, int, list[Candidate]]]] = {}
+        group_of = evaluator.group_of
         for name, entries in self.on_node.items():
-            group = evaluator.group_of(name)
+            group = group_of(name)
             if group is None:
                 continue
             need = job.learners - evaluator.group_total.get(group, 0)
@@ -225,8 +231,8 @@ class VictimIndex:
             base = evaluator.slots.get(name, 0)
             picked: list[Candidate] = []
             best: tuple[float, int, list[Candidate]] | None = None
-            for candidate, more_gpus, more_cpus, more_memory in entries:
-                if candidate.job.id not in allowed:
+            for *_order, job_id, candidate, more_gpus, more_cpus, more_memory in entries:
+                if job_id not in allowed:
                     continue
                 picked.append(candidate)
                 gpus, cpus, memory = gpus + more_gpus, cpus + more_cpus, memory + more_memory

@@ -1,9 +1,11 @@
-"""Queue order and the words for a job's place in it.
+"""Queue order, and the words that tell a user why their job waits.
 
 Owns the one ordering every part agrees on (priority, highest first; then submission time;
 then id, so that equal submissions still have a stable order), the aging rule that keeps
-backfill from starving a job, and the "behind N higher-priority jobs" wording (positions
-are counted over the jobs that did not start, in this order).
+backfill from starving a job, and the reasons shown for waiting jobs: "behind N
+higher-priority jobs" (positions count the jobs that did not start, in this order) and
+what a job needs against what is free ("needs 2 learners × 4 GPUs; 3 GPUs free on 2
+nodes", "largest free block is 2").
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from operator import attrgetter
 
+from ffdl.core.resources import Resources
+from ffdl.scheduler.free import CPU_EPSILON, CapacityView, Pool
 from ffdl.scheduler.snapshot import QueuedJob
 
 # A job that has waited this long blocks backfill past it (see policy.schedule).
@@ -22,8 +26,10 @@ def queue_key(job: QueuedJob) -> tuple[int, float, str]:
 
 
 def queue_order(queued: Iterable[QueuedJob]) -> list[QueuedJob]:
-    """The queue in ``queue_key`` order (two stable C-level sorts, fast on long queues)."""
-    ordered = sorted(queued, key=attrgetter("submitted_at", "id"))
+    """The queue in ``queue_key`` order: stable sorts on one attribute each, least
+    significant first (several times faster than one sort on a tuple key for long queues)."""
+    ordered = sorted(queued, key=attrgetter("id"))
+    ordered.sort(key=attrgetter("submitted_at"))
     ordered.sort(key=attrgetter("priority"), reverse=True)
     return ordered
 
@@ -43,3 +49,91 @@ def behind_reason(higher: int, earlier: int) -> str:
     if earlier:
         return f"behind {earlier_words}"
     return "waiting for capacity held for other jobs"
+
+
+def fmt_number(value: float) -> str:
+    return f"{value:g}"
+
+
+def plural(count: float, noun: str) -> str:
+    return f"{fmt_number(count)} {noun}" + ("" if count == 1 else "s")
+
+
+def describe(per: Resources) -> str:
+    parts = []
+    if per.gpus:
+        parts.append(plural(per.gpus, "GPU"))
+    if per.cpus:
+        parts.append(plural(per.cpus, "CPU"))
+    if per.memory_mb:
+        parts.append(f"{per.memory_mb} MiB memory")
+    return ", ".join(parts) or "no resources"
+
+
+# The multiplication sign of "2 learners by 4 GPUs" in the reasons users read.
+TIMES = "\u00d7"
+
+
+def gang(learners: int, what: str) -> str:
+    return what if learners == 1 else f"{learners} learners {TIMES} {what}"
+
+
+def describe_shortfall(view: CapacityView, job: QueuedJob) -> str:
+    """Why the job does not fit what is free on ``view`` now, naming the numbers."""
+    per, learners = job.per_learner, job.learners
+    kind = f"{job.gpu_type} " if job.gpu_type else ""
+    if job.same_label is not None:
+        return _describe_locality_shortfall(view, job, kind)
+    pool = view.pool_for(job.gpu_type)
+    if pool is None:
+        return f"no schedulable node has gpu_type={job.gpu_type}"
+    return _describe_pool_shortfall(pool, per, learners, kind, "")
+
+
+def _describe_pool_shortfall(
+    pool: Pool, per: Resources, learners: int, kind: str, where: str
+) -> str:
+    free_nodes = pool.nodes_with_free_gpus()
+    if per.gpus:
+        top = pool.top
+        free = f"{plural(pool.free_gpus, 'GPU')} free on {plural(free_nodes, 'node')}"
+        if pool.free_gpus < per.gpus * learners:
+            return f"needs {gang(learners, plural(per.gpus, kind + 'GPU'))}{where}; {free}"
+        if top < per.gpus:
+            return (
+                f"needs {plural(per.gpus, kind + 'GPU')} on one node{where}; "
+                f"largest free block is {top}"
+            )
+        room = pool.gpu_slot_bound(per.gpus)
+        if room < learners:
+            return (
+                f"needs {gang(learners, plural(per.gpus, kind + 'GPU'))}{where}; {free}, "
+                f"room for only {plural(room, 'such learner')}"
+            )
+    if per.cpus and pool.free_cpus + CPU_EPSILON < per.cpus * learners:
+        return (
+            f"needs {gang(learners, plural(per.cpus, 'CPU'))}{where}; "
+            f"{fmt_number(round(pool.free_cpus, 3))} CPUs free"
+        )
+    if per.memory_mb and pool.free_memory_mb < per.memory_mb * learners:
+        return (
+            f"needs {gang(learners, f'{per.memory_mb} MiB memory')}{where}; "
+            f"{pool.free_memory_mb} MiB free"
+        )
+    return (
+        f"needs {gang(learners, kind + describe(per))}{where}; no set of free nodes can "
+        f"hold them ({plural(pool.free_gpus, 'GPU')}, "
+        f"{fmt_number(round(pool.free_cpus, 3))} CPUs free)"
+    )
+
+
+def _describe_locality_shortfall(view: CapacityView, job: QueuedJob, kind: str) -> str:
+    label = job.same_label
+    assert label is not None
+    groups = view.label_groups(label)
+    if not groups:
+        return f"no schedulable node has a {label} label"
+    value, pool = max(groups.items(), key=lambda item: (item[1].free_gpus, item[1].free_cpus))
+    return _describe_pool_shortfall(
+        pool, job.per_learner, job.learners, kind, f" with {label}={value} (the most free)"
+    )

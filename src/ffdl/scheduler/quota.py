@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ffdl.scheduler.placement import plural
+from ffdl.scheduler.queue import plural
 from ffdl.scheduler.snapshot import QueuedJob, RunningJob, TenantQuota
 
 
@@ -101,7 +101,7 @@ class QuotaBook:
 
     def within_quota_at(self, job: QueuedJob, now: float) -> tuple[float | None, str]:
         """When the tenant's expected job ends bring ``job`` within quota (None: unknown)."""
-        key = (job.tenant, job.total.gpus)
+        key = (job.tenant, job.per_learner.gpus * job.learners)
         answer = self._answers.get(key)
         if answer is None:
             answer = self._answers[key] = self._within_quota_at(job, now)

@@ -51,15 +51,17 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         platform.wakeups.bind(asyncio.get_running_loop())
-        loops: list[tuple[str, Callable[[], object], float]] = [
-            ("scheduler", SchedulerLoop(platform), settings.scheduler_interval_s),
-            ("lcm", lambda: lcm_pass(platform), settings.lcm_interval_s),
-            ("monitor", lambda: monitor_pass(platform), settings.monitor_interval_s),
-            ("autoscaler", AutoscalerLoop(platform), settings.autoscaler_interval_s),
+        loops: list[tuple[str, Callable[[], object], float, float]] = [
+            ("scheduler", SchedulerLoop(platform), settings.scheduler_interval_s, 0.2),
+            ("lcm", lambda: lcm_pass(platform), settings.lcm_interval_s, 0.0),
+            ("monitor", lambda: monitor_pass(platform), settings.monitor_interval_s, 0.2),
+            ("autoscaler", AutoscalerLoop(platform), settings.autoscaler_interval_s, 0.5),
         ]
         tasks = [
-            asyncio.create_task(run_forever(name, step, interval, platform.wakeups), name=name)
-            for name, step, interval in loops
+            asyncio.create_task(
+                run_forever(name, step, interval, platform.wakeups, min_gap), name=name
+            )
+            for name, step, interval, min_gap in loops
         ]
         try:
             yield

@@ -135,7 +135,9 @@ def fragmented_gpus(
     free: dict[str, NodeFree], waiting: Iterable[QueuedJob], default_placement: str
 ) -> int:
     """Free GPUs that no waiting job can use (see the module docstring)."""
-    view = CapacityView({name: NodeFree(f.node, f.gpus, f.cpus, f.memory_mb) for name, f in free.items()})
+    view = CapacityView(
+        {name: NodeFree(f.node, f.gpus, f.cpus, f.memory_mb) for name, f in free.items()}
+    )
     free_total = sum(max(f.gpus, 0) for f in view.free.values() if f.node.schedulable)
     if free_total == 0:
         return 0

@@ -126,14 +126,19 @@ def select(rows: Iterator[TraceRow], where: TraceFilter) -> list[TraceRow]:
             continue
         if where.vc is not None and row.cluster != where.vc:
             continue
-        if where.sample < 1.0 and _unit_hash("sample", where.seed, row.index, row.line) >= where.sample:
+        if (
+            where.sample < 1.0
+            and _unit_hash("sample", where.seed, row.index, row.line) >= where.sample
+        ):
             continue
         kept.append(row)
     return kept
 
 
 def family_of(row: TraceRow) -> str:
-    return SYNTHETIC_FAMILIES[int(_unit_hash("family", row.index, row.line) * len(SYNTHETIC_FAMILIES))]
+    return SYNTHETIC_FAMILIES[
+        int(_unit_hash("family", row.index, row.line) * len(SYNTHETIC_FAMILIES))
+    ]
 
 
 def to_jobs(

@@ -72,9 +72,13 @@ class ModelFamily:
 FAMILIES: dict[str, ModelFamily] = {
     family.name: family
     for family in (
-        ModelFamily("resnet-like", ThroughputModel(0.005, 0.002, 0.020, 0.030), 256, (64, 4096), 8192.0),
+        ModelFamily(
+            "resnet-like", ThroughputModel(0.005, 0.002, 0.020, 0.030), 256, (64, 4096), 8192.0
+        ),
         ModelFamily("bert-like", ThroughputModel(0.010, 0.008, 0.060, 0.080), 64, (32, 2048), None),
-        ModelFamily("small-cnn", ThroughputModel(0.002, 0.0002, 0.008, 0.015), 128, (32, 4096), 2048.0),
+        ModelFamily(
+            "small-cnn", ThroughputModel(0.002, 0.0002, 0.008, 0.015), 128, (32, 4096), 2048.0
+        ),
         ModelFamily("fixed", ThroughputModel(1.0, 0.0, 0.0, 0.0), 1, None, None),
     )
 }
@@ -144,10 +148,10 @@ class Discrete:
         return sum(v * w for v, w in zip(self.values, weights, strict=True)) / sum(weights)
 
 
-def _geometric_cpus() -> Discrete:
-    # 4 CPUs plus a geometric excess of mean 1, capped at 16: the talk's "4-16, avg 5".
+def talk_cpus_per_learner() -> Discrete:
+    """4 CPUs plus a geometric excess of mean 1, capped at 16: the talk's "4-16, avg 5"."""
     values = tuple(float(4 + k) for k in range(13))
-    weights = tuple(0.5 ** (k + 1) for k in range(12)) + (0.5**12,)
+    weights = (*(0.5 ** (k + 1) for k in range(12)), 0.5**12)
     return Discrete(values, weights)
 
 
@@ -180,9 +184,7 @@ class SyntheticSpec:
             raise ValueError("duration range must satisfy 0 < min <= max")
 
 
-def synthetic(
-    spec: SyntheticSpec, *, cluster_gpus: int, gpus_per_node: int
-) -> list[SimJob]:
+def synthetic(spec: SyntheticSpec, *, cluster_gpus: int, gpus_per_node: int) -> list[SimJob]:
     """Jobs with Poisson arrivals offering ``spec.load`` of ``cluster_gpus``."""
     if cluster_gpus < 1:
         raise ValueError("the cluster needs at least one GPU")

@@ -13,14 +13,22 @@ log = logging.getLogger("ffdl.loops")
 
 
 async def run_forever(
-    name: str, step: Callable[[], object], interval_s: float, wakeups: Wakeups
+    name: str,
+    step: Callable[[], object],
+    interval_s: float,
+    wakeups: Wakeups,
+    min_gap_s: float = 0.0,
 ) -> None:
     """Call ``step`` in a worker thread every ``interval_s`` or sooner when ``name`` is woken.
 
-    A failing step is logged and retried on the next turn: a loop never dies of one error.
+    Wake-ups that arrive during a pass or within ``min_gap_s`` after it are served by one
+    further pass, so a burst of submissions costs a few passes, not one each. A failing
+    step is logged and retried on the next turn: a loop never dies of one error.
     """
     event = wakeups.event(name)
     while True:
+        if min_gap_s > 0:
+            await asyncio.sleep(min_gap_s)
         event.clear()
         try:
             await asyncio.to_thread(step)

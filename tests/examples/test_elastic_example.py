@@ -1,0 +1,225 @@
+"""End-to-end test of the elastic digits example: rescaled 1 → 2 → 1 learners by a real
+platform, it must train every epoch exactly once and match an uninterrupted run."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.live import FAST_CONFIG, LiveServer, wait_for
+
+pytest.importorskip("torch")
+pytest.importorskip("sklearn.datasets")
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "elastic"
+EPOCHS = 30
+BASE_LR, BASE_BATCH = 2e-3, 64
+ACCURACY_TOLERANCE = 0.01
+JOB_DIRECTORIES = {
+    "DATA_DIR": "data",
+    "RESULT_DIR": "results",
+    "MODEL_DIR": "model",
+    "LOG_DIR": "logs",
+    "CHECKPOINT_DIR": "checkpoints",
+    "JOB_STATE_DIR": "state",
+}
+# A parent process's platform variables must not leak into the baseline learner.
+PLATFORM_VARIABLES = ("FFDL_EMETRICS_FILE", "FFDL_BATCH_SIZE", "FFDL_GPUS", "WORLD_SIZE", "RANK")
+CONFIG_LINE = re.compile(
+    r"^config: learners=(?P<learners>\d+) batch=(?P<batch>\d+) lr=(?P<lr>\S+) "
+    r"resumed_epoch=(?P<resumed>\d+)$"
+)
+
+
+def run_baseline(root: Path) -> dict[str, Any]:
+    """Train uninterrupted as a single learner would be started, and return metrics.json."""
+    directories = {name: root / sub for name, sub in JOB_DIRECTORIES.items()}
+    for path in directories.values():
+        path.mkdir(parents=True)
+    environment = {k: v for k, v in os.environ.items() if k not in PLATFORM_VARIABLES}
+    environment.update({name: str(path) for name, path in directories.items()})
+    environment.update(
+        {
+            "TRAINING_ID": "training-baseline",
+            "LEARNER_ID": "1",
+            "NUM_LEARNERS": "1",
+            "FFDL_BATCH_SIZE": str(BASE_BATCH),
+        }
+    )
+    completed = subprocess.run(
+        [sys.executable, str(EXAMPLE_DIR / "train.py"), "--epochs", str(EPOCHS)],
+        env=environment,
+        cwd=directories["MODEL_DIR"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "config: learners=1 batch=64 lr=0.002 resumed_epoch=0" in completed.stdout
+    summary: dict[str, Any] = json.loads((directories["RESULT_DIR"] / "metrics.json").read_text())
+    return summary
+
+
+@pytest.fixture
+def one_node_server(tmp_path: Path) -> Iterator[LiveServer]:
+    config = {
+        **FAST_CONFIG,
+        "nodes": [{"name": "node-a", "gpus": 2, "cpus": 4, "memory": "16GiB", "gpu_type": "cpu"}],
+        "autoscaler_interval_s": 0.5,
+        # Only the user's scale requests resize the job; the autoscaler keeps it as it is.
+        "min_rescale_interval_s": 3600,
+        "halt_grace_s": 10,
+    }
+    live = LiveServer(home=tmp_path / "home", config=config)
+    live.start()
+    try:
+        yield live
+    finally:
+        live.stop()
+        live.kill_learners()
+
+
+def submit_example(server: LiveServer) -> str:
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as bundle:
+        for path in sorted(EXAMPLE_DIR.iterdir()):
+            if path.is_file() and path.suffix in {".py", ".md", ".yml"}:
+                bundle.write(path, path.name)
+    response = server.client.post(
+        "/v1/models",
+        files={
+            "manifest": (
+                "manifest.yml",
+                (EXAMPLE_DIR / "manifest.yml").read_bytes(),
+                "application/x-yaml",
+            ),
+            "model_definition": ("model.zip", archive.getvalue(), "application/zip"),
+        },
+    )
+    assert response.status_code == 201, response.text
+    return str(response.json()["model_id"])
+
+
+def scale(server: LiveServer, job_id: str, gpus: int) -> None:
+    response = server.client.patch(f"/v1/models/{job_id}", json={"gpus": gpus})
+    assert response.status_code == 202, response.text
+
+
+def metric_records(server: LiveServer, job_id: str, group: str) -> list[dict[str, Any]]:
+    response = server.client.get(f"/v1/logs/{job_id}/emetrics", params={"pagesize": 10000})
+    assert response.status_code == 200, response.text
+    return [r for r in response.json()["records"] if r["grouplabel"] == group]
+
+
+def trained_epochs(server: LiveServer, job_id: str) -> list[int]:
+    return [int(r["etimes"]["iteration"]["value"]) for r in metric_records(server, job_id, "train")]
+
+
+def last_epoch(server: LiveServer, job_id: str) -> int:
+    return max(trained_epochs(server, job_id), default=0)
+
+
+def config_lines(server: LiveServer, job_id: str) -> list[dict[str, str]]:
+    found = []
+    for item in server.loglines(job_id):
+        match = CONFIG_LINE.match(item["line"])
+        if match:
+            found.append(match.groupdict())
+    return found
+
+
+def wait_learners(server: LiveServer, job_id: str, count: int) -> None:
+    def processing_with_count() -> bool:
+        model = server.model(job_id)
+        status = model["training"]["training_status"]["status"]
+        assert status not in {"FAILED", "CANCELLED", "COMPLETED"}, model["training"]
+        return status == "PROCESSING" and len(model["learners"]) == count
+
+    wait_for(processing_with_count, timeout=60, interval=0.1, what=f"{count} learners")
+
+
+def wait_epoch(server: LiveServer, job_id: str, epoch: int) -> None:
+    def reached() -> bool:
+        status = server.status(job_id)
+        assert status not in {"FAILED", "CANCELLED", "COMPLETED"}, server.model(job_id)
+        return last_epoch(server, job_id) >= epoch
+
+    wait_for(reached, timeout=60, interval=0.1, what=f"epoch {epoch}")
+
+
+@pytest.mark.slow
+def test_rescaled_run_trains_each_epoch_once_and_matches_an_uninterrupted_one(
+    tmp_path: Path, one_node_server: LiveServer
+) -> None:
+    baseline = run_baseline(tmp_path / "baseline")
+    assert baseline["epochs"] == EPOCHS and baseline["final_learners"] == 1
+    assert baseline["test_accuracy"] >= 0.95
+
+    server = one_node_server
+    job_id = submit_example(server)
+    # Pinned at once, so that the job starts with one learner however idle the node is.
+    scale(server, job_id, 1)
+    wait_learners(server, job_id, 1)
+    wait_epoch(server, job_id, 5)
+
+    scale(server, job_id, 2)
+    wait_learners(server, job_id, 2)
+    wait_for(
+        lambda: any(line["learners"] == "2" for line in config_lines(server, job_id)),
+        timeout=60,
+        what="the two-learner run to start",
+    )
+    resumed_on_two = int(config_lines(server, job_id)[-1]["resumed"])
+    wait_epoch(server, job_id, resumed_on_two + 3)
+
+    scale(server, job_id, 1)
+    server.wait_status(job_id, {"COMPLETED"}, timeout=120)
+
+    starts = config_lines(server, job_id)
+    learner_counts = [int(line["learners"]) for line in starts]
+    # Besides the user's resizes the autoscaler may re-batch the job at an unchanged learner
+    # count (another checkpoint-restart with a new FFDL_BATCH_SIZE): one more config line
+    # with the same number of learners, which must resume just as well.
+    resizes = [n for i, n in enumerate(learner_counts) if i == 0 or learner_counts[i - 1] != n]
+    assert resizes == [1, 2, 1], starts
+    resumed = [int(line["resumed"]) for line in starts]
+    assert resumed[0] == 0 and resumed == sorted(resumed) and resumed[-1] < EPOCHS, starts
+    first_on_two = learner_counts.index(2)
+    last_on_one = len(learner_counts) - 1
+    assert 0 < resumed[first_on_two] < resumed[last_on_one], starts
+    for line in starts:
+        assert 64 <= int(line["batch"]) <= 128, line
+        assert math.isclose(float(line["lr"]), BASE_LR * int(line["batch"]) / BASE_BATCH), line
+
+    epoch_counts = Counter(trained_epochs(server, job_id))
+    assert sorted(epoch_counts) == list(range(1, EPOCHS + 1))
+    assert set(epoch_counts.values()) == {1}, epoch_counts
+
+    tests = metric_records(server, job_id, "test")
+    assert len(tests) == 1
+    accuracy = float(tests[0]["values"]["accuracy"]["value"])
+    assert abs(accuracy - baseline["test_accuracy"]) <= ACCURACY_TOLERANCE, (
+        accuracy,
+        baseline["test_accuracy"],
+    )
+
+    response = server.client.get(f"/v1/models/{job_id}/trained_model")
+    assert response.status_code == 200
+    with zipfile.ZipFile(io.BytesIO(response.content)) as archive:
+        summary = json.loads(archive.read("metrics.json"))
+        assert "model.pt" in archive.namelist()
+    assert summary["epochs"] == EPOCHS
+    assert summary["final_learners"] == 1
+    assert summary["test_accuracy"] == pytest.approx(accuracy)

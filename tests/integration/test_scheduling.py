@@ -1,0 +1,176 @@
+"""Scheduling on declared virtual nodes with real learner processes: gangs, preemption, quotas."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, wait_for
+
+EIGHT_GPUS = [
+    {
+        "name": "node-a",
+        "gpus": 4,
+        "cpus": 16,
+        "memory": "32GiB",
+        "gpu_type": "cpu",
+        "labels": {"rack": "r1"},
+    },
+    {
+        "name": "node-b",
+        "gpus": 4,
+        "cpus": 16,
+        "memory": "32GiB",
+        "gpu_type": "cpu",
+        "labels": {"rack": "r2"},
+    },
+]
+
+STEPS = """
+import sys, time
+from ffdl.sdk.api import context, load_checkpoint, report, save_checkpoint, should_stop
+
+ctx = context()
+restored = load_checkpoint()
+step = 0 if restored is None else restored[1]["step"]
+print(f"learner {ctx.learner_id} start={step}", flush=True)
+while step < TOTAL:
+    step += 1
+    time.sleep(0.05)
+    if ctx.learner_id == 1:
+        report(step=step, progress=step / TOTAL)
+        save_checkpoint({"step": step}, step, keep=2)
+    if should_stop():
+        sys.exit(0)
+print(f"learner {ctx.learner_id} done", flush=True)
+"""
+
+
+def steps_job(total: int, **fields: Any) -> tuple[str, dict[str, str]]:
+    return manifest_yaml("python steps.py", **fields), {
+        "steps.py": STEPS.replace("TOTAL", str(total))
+    }
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LiveServer]:
+    live = LiveServer(home=tmp_path / "home", config={**FAST_CONFIG, "nodes": EIGHT_GPUS})
+    live.start()
+    yield live
+    live.stop()
+    live.kill_learners()
+
+
+def _status(model: dict[str, Any]) -> str:
+    return str(model["training"]["training_status"]["status"])
+
+
+def test_talk_gang_scenario_runs_two_whole_gangs_and_queues_two(cluster: LiveServer) -> None:
+    manifest, files = steps_job(60, learners=4, gpus=1)
+    ids = [cluster.submit_ok(manifest, files) for _ in range(4)]
+
+    def two_running() -> list[dict[str, Any]] | None:
+        models = [cluster.model(i) for i in ids]
+        running = [m for m in models if _status(m) == "PROCESSING"]
+        return models if len(running) == 2 else None
+
+    models = wait_for(two_running, timeout=60, interval=0.1, what="two gangs running")
+    for model in models:
+        if _status(model) == "PROCESSING":
+            assert len(model["learners"]) == 4
+            assert len(model["placement"]) == 4
+        else:
+            assert _status(model) == "QUEUED"
+            assert not model["learners"] and not model["placement"], "partial placement"
+            assert model["queue"]["reason"]
+            assert model["queue"]["position"] in (1, 2)
+    used = sum(n["used"]["gpus"] for n in cluster.client.get("/v1/nodes").json()["nodes"])
+    assert used == 8
+    for job_id in ids:
+        cluster.wait_status(job_id, {"COMPLETED"}, timeout=120)
+
+
+def test_preemption_checkpoints_requeues_and_the_victim_completes(cluster: LiveServer) -> None:
+    low_manifest, files = steps_job(200, learners=2, gpus=4, priority=10)
+    low = cluster.submit_ok(low_manifest, files)
+    cluster.wait_status(low, {"PROCESSING"})
+    wait_for(
+        lambda: any(i["line"].startswith("learner 1 start") for i in cluster.loglines(low)),
+        what="low priority job running",
+    )
+    wait_for(lambda: len(_metrics(cluster, low)) >= 5, what="low job checkpoints")
+
+    urgent_manifest, urgent_files = steps_job(20, learners=2, gpus=4, priority=90)
+    urgent = cluster.submit_ok(urgent_manifest, urgent_files)
+    cluster.wait_status(urgent, {"PROCESSING", "STORING", "COMPLETED"}, timeout=60)
+    victim = cluster.model(low)
+    reasons = [e["reason"] for e in victim["events"] if e["learner"] is None]
+    assert any(r == f"preempted by {urgent}" for r in reasons), reasons
+    path = [e["to"] for e in victim["events"] if e["learner"] is None]
+    assert "HALTED" in path and path[path.index("HALTED") + 1] == "QUEUED"
+
+    cluster.wait_status(urgent, {"COMPLETED"}, timeout=60)
+    cluster.wait_status(low, {"COMPLETED"}, timeout=120)
+    starts = [
+        int(m.group(1))
+        for i in cluster.loglines(low)
+        if (m := re.match(r"learner 1 start=(\d+)", i["line"]))
+    ]
+    assert starts[0] == 0 and starts[1] > 0, "the victim resumed from its checkpoint"
+    steps = [int(r["etimes"]["iteration"]["value"]) for r in _metrics(cluster, low)]
+    assert steps == list(range(1, 201))
+
+
+def _metrics(server: LiveServer, job_id: str) -> list[dict[str, Any]]:
+    response = server.client.get(f"/v1/logs/{job_id}/emetrics", params={"pagesize": 5000})
+    records: list[dict[str, Any]] = response.json()["records"]
+    return records
+
+
+def test_quota_holds_a_tenants_third_job_with_a_reason(cluster: LiveServer) -> None:
+    assert (
+        cluster.client.post("/v1/tenants", json={"id": "team-q", "max_running_jobs": 2}).status_code
+        == 201
+    )
+    user = cluster.client.post("/v1/tenants/team-q/users", json={"name": "quinn"}).json()
+    team = httpx.Client(
+        base_url=cluster.url, headers={"Authorization": f"Bearer {user['token']}"}, timeout=30
+    )
+    manifest, files = steps_job(400, learners=1, gpus=1)
+    from tests.integration.live import code_zip
+
+    ids = []
+    for _ in range(3):
+        response = team.post(
+            "/v1/models",
+            files={
+                "manifest": ("m.yml", manifest.encode()),
+                "model_definition": ("c.zip", code_zip(files)),
+            },
+        )
+        assert response.status_code == 201, response.text
+        ids.append(response.json()["model_id"])
+    # Another tenant waits for capacity, so team-q may not borrow beyond its quota.
+    blocker_manifest, blocker_files = steps_job(400, learners=2, gpus=4)
+    blocker = cluster.submit_ok(blocker_manifest, blocker_files)
+
+    def third_held() -> dict[str, Any] | None:
+        models = [team.get(f"/v1/models/{i}").json() for i in ids]
+        running = [m for m in models if _status(m) == "PROCESSING"]
+        held = [m for m in models if _status(m) == "QUEUED"]
+        if len(running) == 2 and len(held) == 1 and "quota" in (held[0]["queue"]["reason"] or ""):
+            return held[0]
+        return None
+
+    held = wait_for(third_held, timeout=60, interval=0.1, what="third job held by quota")
+    assert "team-q" in held["queue"]["reason"] and "2" in held["queue"]["reason"]
+    queue = team.get("/v1/queue").json()["queue"]
+    assert [e["model_id"] for e in queue] == [held["model_id"]]
+    for job_id in [*ids, blocker]:
+        cluster.client.delete(f"/v1/models/{job_id}")
+    team.close()
