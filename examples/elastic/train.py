@@ -8,7 +8,8 @@ This script owns the training side of that contract:
 - with ``WORLD_SIZE`` > 1 it trains data-parallel (gloo, ``DistributedDataParallel``), each
   rank taking its slice of every global batch, so one step sees the same global batch
   whatever the number of learners;
-- the learning rate follows the linear scaling rule, ``lr = BASE_LR * batch / BASE_BATCH``;
+- the learning rate follows the linear scaling rule, ``lr = BASE_LR * batch / BASE_BATCH``
+  (0.002 at the base batch of 64), decayed over the run by a cosine schedule;
 - rank 0 checkpoints at every epoch end and every rank resumes from the newest checkpoint;
 - all ranks agree on stopping at each epoch boundary, so a halt never splits the gang.
 
@@ -83,6 +84,16 @@ class EpochResult:
     samples: int
 
 
+@dataclass
+class Progress:
+    """Where training stands: what the next checkpoint records and a resume continues from."""
+
+    completed_epochs: int = 0
+    samples: int = 0
+    checkpointed_epoch: int | None = None
+    saved_rng: torch.Tensor | None = None
+
+
 def parse_arguments(job: JobContext) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=30)
@@ -93,8 +104,8 @@ def parse_arguments(job: JobContext) -> argparse.Namespace:
 
 
 def scaled_learning_rate(base_lr: float, global_batch: int) -> float:
-    """Linear scaling rule: a batch k times larger takes k times fewer steps, each k times
-    longer, so the per-sample step size stays comparable."""
+    """Linear scaling rule: a batch k times larger makes k times fewer steps per epoch, so
+    each step is made k times larger to keep the progress per sample comparable."""
     return base_lr * global_batch / BASE_BATCH
 
 
@@ -250,13 +261,13 @@ def gang_agrees_to_stop(gang: Gang) -> bool:
 
 
 def checkpoint_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, samples: int
+    model: nn.Module, optimizer: torch.optim.Optimizer, progress: Progress
 ) -> dict[str, Any]:
     return {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "epoch": epoch,
-        "samples": samples,
+        "epoch": progress.completed_epochs,
+        "samples": progress.samples,
         "torch_rng": torch.get_rng_state(),
     }
 
@@ -276,6 +287,50 @@ def write_results(result_dir: Path, model: nn.Module, summary: dict[str, float |
     (result_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
+def resume_from_checkpoint(
+    model: nn.Module, optimizer: torch.optim.Optimizer, job: JobContext, device: torch.device
+) -> Progress:
+    resumed = load_checkpoint(job.checkpoint_dir, map_location=str(device))
+    if resumed is None:
+        return Progress()
+    _, state = resumed
+    model.load_state_dict(state["model"])
+    # The restored state carries the old batch size's learning rate; the training loop
+    # sets the new one before every epoch.
+    optimizer.load_state_dict(state["optimizer"])
+    epoch = int(state["epoch"])
+    return Progress(
+        completed_epochs=epoch,
+        samples=int(state["samples"]),
+        checkpointed_epoch=epoch,
+        saved_rng=state.get("torch_rng"),
+    )
+
+
+def finish(
+    job: JobContext,
+    gang: Gang,
+    model: nn.Module,
+    test_data: tuple[torch.Tensor, torch.Tensor],
+    progress: Progress,
+    global_batch: int,
+    device: torch.device,
+) -> None:
+    test_accuracy = evaluate(model, *test_data, device)
+    print(f"test accuracy: {test_accuracy:.4f}", flush=True)
+    report(step=progress.completed_epochs, group="test", accuracy=test_accuracy)
+    write_results(
+        job.result_dir,
+        model,
+        {
+            "test_accuracy": test_accuracy,
+            "epochs": progress.completed_epochs,
+            "final_batch": global_batch,
+            "final_learners": gang.world_size,
+        },
+    )
+
+
 def main() -> int:
     # Installed before anything slow, so a halt during start-up is not lost.
     install_stop_handler()
@@ -290,83 +345,50 @@ def main() -> int:
         *load_images_and_labels(job.data_dir, gang)
     )
     model = DigitsCNN().to(device)
-    learning_rate = scaled_learning_rate(arguments.base_lr, arguments.batch_size)
-    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
-
-    completed_epochs, samples_done = 0, 0
-    saved_rng: torch.Tensor | None = None
-    resumed = load_checkpoint(job.checkpoint_dir, map_location=str(device))
-    if resumed is not None:
-        _, state = resumed
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        completed_epochs, samples_done = int(state["epoch"]), int(state["samples"])
-        saved_rng = state.get("torch_rng")
-    seed_dropout(gang, completed_epochs, saved_rng)
-    checkpointed_epoch = completed_epochs if resumed is not None else None
-
+    peak_lr = scaled_learning_rate(arguments.base_lr, arguments.batch_size)
+    optimizer = torch.optim.Adam(model.parameters(), lr=peak_lr)
+    progress = resume_from_checkpoint(model, optimizer, job, device)
+    seed_dropout(gang, progress.completed_epochs, progress.saved_rng)
     # Wrapped after loading so every rank starts from the checkpoint's weights; DDP also
     # broadcasts rank 0's parameters on construction.
     trained: nn.Module = DistributedDataParallel(model) if gang.distributed else model
     if gang.is_chief:
         print(
             f"config: learners={gang.world_size} batch={arguments.batch_size} "
-            f"lr={learning_rate:g} resumed_epoch={completed_epochs}",
+            f"lr={peak_lr:g} resumed_epoch={progress.completed_epochs}",
             flush=True,
         )
 
     stopped = False
-    for epoch in range(completed_epochs + 1, arguments.epochs + 1):
+    for epoch in range(progress.completed_epochs + 1, arguments.epochs + 1):
         # Halts are honoured between epochs: an epoch takes well under the grace period,
         # and the checkpoint then holds exactly the last completed epoch.
         if gang_agrees_to_stop(gang):
             stopped = True
             break
-        # Set every epoch, which also replaces the old batch size's rate a resumed
-        # optimizer state carries.
         for group in optimizer.param_groups:
-            group["lr"] = epoch_learning_rate(learning_rate, epoch, arguments.epochs)
+            group["lr"] = epoch_learning_rate(peak_lr, epoch, arguments.epochs)
         result = train_one_epoch(
             trained, optimizer, (train_x, train_y), arguments.batch_size, epoch, gang, device
         )
-        completed_epochs, samples_done = epoch, samples_done + result.samples
+        progress.completed_epochs, progress.samples = epoch, progress.samples + result.samples
         if gang.is_chief:
             print(
                 f"epoch {epoch}/{arguments.epochs} loss {result.loss:.4f} "
                 f"accuracy {result.accuracy:.4f}",
                 flush=True,
             )
-            report(step=epoch, samples=samples_done, loss=result.loss, accuracy=result.accuracy)
-            save_checkpoint(checkpoint_state(model, optimizer, epoch, samples_done), epoch)
-            checkpointed_epoch = epoch
+            report(step=epoch, samples=progress.samples, loss=result.loss, accuracy=result.accuracy)
+            save_checkpoint(checkpoint_state(model, optimizer, progress), epoch)
+            progress.checkpointed_epoch = epoch
 
-    if stopped:
-        if gang.is_chief and checkpointed_epoch != completed_epochs:
-            save_checkpoint(
-                checkpoint_state(model, optimizer, completed_epochs, samples_done),
-                completed_epochs,
-            )
-        if gang.is_chief:
-            print(f"halt requested: checkpoint saved at epoch {completed_epochs}", flush=True)
-        leave_gang(gang)
-        return 0
-
+    if stopped and gang.is_chief:
+        if progress.checkpointed_epoch != progress.completed_epochs:
+            save_checkpoint(checkpoint_state(model, optimizer, progress), progress.completed_epochs)
+        print(f"halt requested: checkpoint saved at epoch {progress.completed_epochs}", flush=True)
     leave_gang(gang)
-    if not gang.is_chief:
-        return 0
-    test_accuracy = evaluate(model, test_x, test_y, device)
-    print(f"test accuracy: {test_accuracy:.4f}", flush=True)
-    report(step=completed_epochs, group="test", accuracy=test_accuracy)
-    write_results(
-        job.result_dir,
-        model,
-        {
-            "test_accuracy": test_accuracy,
-            "epochs": completed_epochs,
-            "final_batch": arguments.batch_size,
-            "final_learners": gang.world_size,
-        },
-    )
+    if gang.is_chief and not stopped:
+        finish(job, gang, model, (test_x, test_y), progress, arguments.batch_size, device)
     return 0
 
 

@@ -12,6 +12,7 @@
     ├── NotFound (404)             unknown id, or another tenant's object
     ├── ConflictError (409)        the request contradicts the object's state
     │   └── IllegalTransition      the status machine forbids this change
+    ├── Gone (410)                 a report for a learner attempt that was superseded
     └── PayloadTooLarge (413)      an upload over the configured limits
 
 The API renders each as ``{"error": message, "code": code, "detail": detail}`` with its
@@ -95,6 +96,11 @@ class IllegalTransition(ConflictError):
         )
         self.current = current
         self.target = target
+
+
+class Gone(FfdlError):
+    http_status = 410
+    default_code = "C410"
 
 
 class PayloadTooLarge(FfdlError):

@@ -4,7 +4,9 @@ Pure glue between a snapshot of elastic jobs and the optimizer, called unchanged
 autoscaler loop and by the simulator:
 
 - user-driven sizes win: a job pinned by ``ffdl scale`` or by its ``elastic.schedule`` at its
-  current epoch is offered exactly that many GPUs (its range collapses to the pin);
+  current epoch is offered exactly that many GPUs (its range collapses to the pin); a job
+  that is held (restarted too recently, or already at its pinned size) keeps its whole
+  allocation, batch size included, so it is not restarted for a re-batch either;
 - every other elastic job is sized by ``optimize`` over the GPUs elastic jobs may share
   (``capacity``: the cluster's schedulable GPUs minus those held by non-elastic jobs and
   those reserved for a blocked higher-priority job, which is how elastic jobs shrink to
@@ -26,6 +28,7 @@ from ffdl.elastic.plan import RescaleDecision, diff
 class Candidate:
     job: ElasticJob
     pinned_gpus: int | None = None  # `ffdl scale` or elastic.schedule; None: the optimizer's
+    hold: bool = False  # keep the current GPUs and batch size unchanged
 
 
 def autoscale(
@@ -54,6 +57,11 @@ def autoscale(
 
 def _pinned(candidate: Candidate) -> ElasticJob:
     job, pin = candidate.job, candidate.pinned_gpus
+    running = job.current_gpus > 0
+    if running and (candidate.hold or pin == job.current_gpus):
+        batch = job.current_batch or job.base_batch
+        current = (job.current_gpus, job.current_gpus)
+        return replace(job, gpu_range=current, batch_range=None, base_batch=batch)
     if pin is None or pin <= 0:
         return job
     low, high = job.gpu_range

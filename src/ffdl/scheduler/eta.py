@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ffdl.core.resources import Resources
 from ffdl.scheduler.free import CPU_EPSILON, CapacityView, FreeState, NodeFree
@@ -25,9 +26,10 @@ from ffdl.scheduler.placement import Choice, find_nodes, may_fit
 from ffdl.scheduler.snapshot import QueuedJob
 
 
-@dataclass(frozen=True, slots=True)
-class Release:
-    """Resources a job gives back per node when it ends (``at`` None: end unknown)."""
+class Release(NamedTuple):
+    """Resources a job gives back per node when it ends (``at`` None: end unknown).
+
+    A tuple, since a pass makes one per running job."""
 
     job_id: str
     at: float | None
@@ -266,16 +268,6 @@ class QueueSimulation:
         self._cpus += amount.cpus
         self._memory += amount.memory_mb
 
-    def _pop(self) -> float:
-        at, _seq, gpus, cpus, memory = heapq.heappop(self._events)
-        self._gpus += gpus
-        self._cpus += cpus
-        self._memory += memory
-        self._later_gpus -= gpus
-        self._later_cpus -= cpus
-        self._later_memory -= memory
-        return at
-
     def _never_reason(self) -> str:
         if self._forever_running and self._forever_ahead:
             return UNKNOWN_BOTH
@@ -289,32 +281,58 @@ class QueueSimulation:
         self, job: QueuedJob, duration: float | None, not_before: float | None = None
     ) -> tuple[float | None, str]:
         """Seconds from now until ``job`` could start, or None with the reason."""
+        # Called once per waiting job: state is read into locals and written back once.
         per, learners = job.per_learner, job.learners
         gpus, cpus, memory = per.gpus * learners, per.cpus * learners, per.memory_mb * learners
+        free_gpus, free_cpus, free_memory = self._gpus, self._cpus, self._memory
+        later_gpus, later_cpus, later_memory = (
+            self._later_gpus,
+            self._later_cpus,
+            self._later_memory,
+        )
         if (
-            gpus > self._gpus + self._later_gpus
-            or cpus > self._cpus + self._later_cpus + CPU_EPSILON
-            or memory > self._memory + self._later_memory
+            gpus > free_gpus + later_gpus
+            or cpus > free_cpus + later_cpus + CPU_EPSILON
+            or memory > free_memory + later_memory
         ):
             return None, self._never_reason()
         at = self.clock if not_before is None or not_before < self.clock else not_before
         events = self._events
-        while events and events[0][0] <= at:
-            self._pop()
-        while gpus > self._gpus or cpus > self._cpus + CPU_EPSILON or memory > self._memory:
-            at = self._pop()
+        # Take every release due by then, and further releases until the job fits.
+        while events and (
+            events[0][0] <= at
+            or gpus > free_gpus
+            or cpus > free_cpus + CPU_EPSILON
+            or memory > free_memory
+        ):
+            when, _seq, more_gpus, more_cpus, more_memory = heapq.heappop(events)
+            free_gpus += more_gpus
+            free_cpus += more_cpus
+            free_memory += more_memory
+            later_gpus -= more_gpus
+            later_cpus -= more_cpus
+            later_memory -= more_memory
+            if when > at:
+                at = when
         self.clock = at
-        self._gpus -= gpus
-        self._cpus -= cpus
-        self._memory -= memory
         if duration is None:
             self._forever_ahead = True
         else:
             self._sequence += 1
             heapq.heappush(events, (at + duration, self._sequence, gpus, cpus, memory))
-            self._later_gpus += gpus
-            self._later_cpus += cpus
-            self._later_memory += memory
+            later_gpus += gpus
+            later_cpus += cpus
+            later_memory += memory
+        self._gpus, self._cpus, self._memory = (
+            free_gpus - gpus,
+            free_cpus - cpus,
+            free_memory - memory,
+        )
+        self._later_gpus, self._later_cpus, self._later_memory = (
+            later_gpus,
+            later_cpus,
+            later_memory,
+        )
         return at - self.now, self._estimate
 
 

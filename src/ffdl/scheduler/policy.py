@@ -474,16 +474,8 @@ class _Pass:
             if job.priority != priority:
                 priority, ahead_higher = job.priority, ahead
             decided = outcome.get(job.id)
-            if decided is None:
-                per = job.per_learner
-                key = (
-                    per.gpus,
-                    per.cpus,
-                    per.memory_mb,
-                    job.learners,
-                    job.gpu_type,
-                    job.same_label,
-                )
+            if decided is None:  # a job from after the walk closed
+                key = _shape(job)
                 decided = verdicts.get(key) or verdicts.setdefault(key, self._verdict(job, key))
             kind, detail = decided
             sim = sims.get(job.gpu_type) or sims.setdefault(

@@ -26,8 +26,9 @@ smaller set is also tried in preference order, so the count is the true minimum 
 from __future__ import annotations
 
 from collections.abc import Container, Iterable, Sequence
-from dataclasses import dataclass
 from itertools import combinations
+from operator import attrgetter
+from typing import NamedTuple
 
 from ffdl.core.resources import Resources
 from ffdl.scheduler.free import CapacityView, node_slots, slots_for
@@ -127,13 +128,11 @@ class _Evaluator:
         return any(total >= self.learners for total in self.group_total.values())
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):
+    """A running job that may be preempted (a tuple: a pass makes one per running job)."""
+
     job: RunningJob
     borrowing: str | None = None  # the quota it exceeds, when it runs on borrowed capacity
-
-    def preference(self) -> tuple[int, int, float, str]:
-        return (0 if self.borrowing else 1, self.job.priority, -self.job.started_at, self.job.id)
 
 
 class VictimIndex:
@@ -144,8 +143,13 @@ class VictimIndex:
     """
 
     def __init__(self, running: Iterable[RunningJob], borrowers: dict[str, str]) -> None:
+        # Preference: borrowers, then lowest priority, then most recently started, then id
+        # (stable sorts on one key each, least significant first).
         self.ordered = [Candidate(j, borrowers.get(j.id)) for j in running if j.preemptible]
-        self.ordered.sort(key=Candidate.preference)
+        self.ordered.sort(key=attrgetter("job.id"))
+        self.ordered.sort(key=attrgetter("job.started_at"), reverse=True)
+        self.ordered.sort(key=attrgetter("job.priority"))
+        self.ordered.sort(key=lambda c: c.borrowing is None)
         self.rank = {c.job.id: index for index, c in enumerate(self.ordered)}
         self.chosen: set[str] = set()
         self.usage: dict[str, _Usage] = {}

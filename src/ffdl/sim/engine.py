@@ -40,6 +40,7 @@ from ffdl.learner.spec import LearnerSpec
 from ffdl.scheduler.free import NodeFree
 from ffdl.scheduler.snapshot import QueuedJob, RunningJob
 from ffdl.sim.metrics import JobOutcome, Series, SimResult, fragmented_gpus
+from ffdl.sim.snapshots import FreeIndex
 from ffdl.sim.workload import SimJob
 
 if TYPE_CHECKING:
@@ -171,6 +172,14 @@ class Simulator:
             sum(n.memory_mb for n in self.nodes if n.schedulable),
         ]
         self.node_jobs: dict[str, dict[str, None]] = {n.name: {} for n in self.nodes}
+        gpu_jobs = [j for j in jobs if j.per_learner.gpus > 0]
+        self.free_index = FreeIndex(
+            self.nodes,
+            max((j.per_learner.cpus / j.per_learner.gpus for j in gpu_jobs), default=0.0),
+            max((j.per_learner.memory_mb / j.per_learner.gpus for j in gpu_jobs), default=0.0),
+        )
+        for node in self.nodes:
+            self.free_index.update(node.name, node.gpus, node.cpus, node.memory_mb)
         self.records: dict[str, JobRecord] = {}
         self.queue: dict[str, JobRecord] = {}
         self.running: dict[str, JobRecord] = {}  # RUNNING, HALTING and partial gangs
@@ -462,6 +471,7 @@ class Simulator:
         self.free_totals[1] -= per.cpus
         self.free_totals[2] -= per.memory_mb
         self.node_jobs[learner.node][record.id] = None
+        self.free_index.update(learner.node, free.gpus, free.cpus, free.memory_mb)
 
     def _release(self, record: JobRecord) -> None:
         per = record.job.per_learner
@@ -476,6 +486,7 @@ class Simulator:
             self.free_totals[1] += per.cpus
             self.free_totals[2] += per.memory_mb
             self.node_jobs[learner.node].pop(record.id, None)
+            self.free_index.update(learner.node, free.gpus, free.cpus, free.memory_mb)
         self._change_held(-per.gpus * len(learners))
         if record.placement is not None:
             self._change_running(-record.gpus)

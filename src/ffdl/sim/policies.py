@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ffdl.core.resources import LearnerPlacement
+from ffdl.core.resources import LearnerPlacement, Resources
 from ffdl.elastic.autoscale import Candidate, autoscale
 from ffdl.elastic.optimizer import ElasticJob
 from ffdl.scheduler.free import slots_for
@@ -93,8 +93,7 @@ class _Base:
             learners=learners,
             batch=job.model_family.base_batch,
         )
-        shape = QueuedJob(job.id, job.tenant, 0, 0.0, learners, job.per_learner)
-        if never_fits(shape, sim.nodes) is not None:
+        if _never_fits(sim, learners, job.per_learner):
             record.state = JobState.REJECTED
         elif elastic:
             record.learners = job.learners  # what it asks for, until the autoscaler sizes it
@@ -102,6 +101,16 @@ class _Base:
 
     def wants_pass(self, sim: Simulator) -> bool:
         return bool(sim.queue)
+
+
+def _never_fits(sim: Simulator, learners: int, per: Resources) -> bool:
+    memo = sim.cache.setdefault("never_fits", {})
+    assert isinstance(memo, dict)
+    key = (learners, per)
+    if key not in memo:
+        shape = QueuedJob("shape", "", 0, 0.0, learners, per)
+        memo[key] = never_fits(shape, sim.nodes) is not None
+    return bool(memo[key])
 
 
 @dataclass(slots=True)

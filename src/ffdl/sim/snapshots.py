@@ -31,6 +31,7 @@ is used only when no job in the window would be judged unplaceable on it.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -130,6 +131,55 @@ def _general_window(
     return window
 
 
+class FreeIndex:
+    """Nodes by free GPUs, each level in cluster order, kept up to date by the engine.
+
+    A node is *proportional* when its free CPUs and memory are at least its free GPUs times
+    the largest CPUs and memory per GPU any job of the run asks for: then GPUs alone bound
+    how many learners of any job fit there. Other nodes are listed apart and always kept.
+    """
+
+    def __init__(self, nodes: Sequence[Node], cpus_per_gpu: float, memory_per_gpu_mb: float):
+        self.nodes = tuple(nodes)
+        self.position = {n.name: i for i, n in enumerate(self.nodes)}
+        top = max((n.gpus for n in self.nodes), default=0)
+        self.levels: list[list[int]] = [[] for _ in range(top + 1)]
+        self.irregular: dict[int, int] = {}  # position -> free GPUs, for the other nodes
+        self._where: dict[int, tuple[int, bool]] = {}
+        self._cpus_per_gpu = cpus_per_gpu
+        self._memory_per_gpu_mb = memory_per_gpu_mb
+
+    def update(self, name: str, gpus: int, cpus: float, memory_mb: int) -> None:
+        position = self.position[name]
+        previous = self._where.get(position)
+        if previous is not None:
+            level, proportional = previous
+            if proportional:
+                row = self.levels[level]
+                del row[bisect.bisect_left(row, position)]
+            else:
+                self.irregular.pop(position, None)
+        level = max(gpus, 0)
+        proportional = (
+            cpus + _CPU_EPSILON >= level * self._cpus_per_gpu
+            and memory_mb >= level * self._memory_per_gpu_mb
+        )
+        if proportional:
+            bisect.insort(self.levels[level], position)
+        else:
+            self.irregular[position] = level
+        self._where[position] = (level, proportional)
+
+    def subset(self, per_level: int) -> list[Node]:
+        """Every irregular node with a free GPU and the first ``per_level`` proportional nodes
+        of every free-GPU level from 1 up, in cluster order."""
+        chosen = [p for p, level in self.irregular.items() if level > 0]
+        for row in self.levels[1:]:
+            chosen.extend(row[:per_level])
+        chosen.sort()
+        return [self.nodes[p] for p in chosen]
+
+
 def _uniform(sim: Simulator) -> bool:
     cached = sim.cache.get("uniform")
     if cached is None:
@@ -153,25 +203,9 @@ def _node_subset(
     views = [sim.queued_view(r) for r in window]
     if any(v.per_learner.gpus == 0 or v.gpu_type or v.same_label for v in views):
         return None
-    shapes = list({v.per_learner for v in views})
-    per_level = sum(v.learners for v in views) + 1
-    taken: dict[int, int] = {}
-    kept: list[Node] = []
-    for node in sim.nodes:
-        free = sim.free[node.name]
-        level = free.gpus
-        if level <= 0:
-            continue
-        # Nodes where CPUs or memory, not GPUs, bound some learner shape are always kept;
-        # of the others only the first few of each free-GPU level can be chosen.
-        binding = any(
-            slots_for(level, free.cpus, free.memory_mb, per) < level // per.gpus for per in shapes
-        )
-        if not binding:
-            if taken.get(level, 0) >= per_level:
-                continue
-            taken[level] = taken.get(level, 0) + 1
-        kept.append(node)
+    # A pass places fewer learners than this, so it never gets past the first this many
+    # proportional nodes of a level: they all offer the same learner slots.
+    kept = sim.free_index.subset(sum(v.learners for v in views) + 1)
     if len(kept) == len(sim.nodes):
         return None
     # On identical nodes a job is unplaceable on the subset only if its learners outnumber

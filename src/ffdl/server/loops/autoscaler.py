@@ -140,12 +140,8 @@ class AutoscalerLoop:
                 [{"at_epoch": s.at_epoch, "gpus": s.gpus} for s in elastic.schedule], epoch_now
             )
         restarted = epoch(job.status_changed_at)
-        if (
-            pinned is None
-            and gpus
-            and now - restarted < self._platform.settings.min_rescale_interval_s
-        ):
-            pinned = gpus
+        recent = now - restarted < self._platform.settings.min_rescale_interval_s
+        hold = bool(gpus) and recent and (pinned is None or pinned == gpus)
         learned = self._learned.get(job.id)
         return Candidate(
             job=ElasticJob(
@@ -161,6 +157,7 @@ class AutoscalerLoop:
                 waited_s=0.0 if gpus else max(now - epoch(job.status_changed_at), 0.0),
             ),
             pinned_gpus=pinned,
+            hold=hold,
         )
 
     def _epochs(self, session: Any, job_ids: list[str]) -> dict[str, int]:

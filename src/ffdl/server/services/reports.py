@@ -13,17 +13,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from sqlalchemy import insert, select
 
-from ffdl.core.errors import AuthError, FfdlError, IllegalTransition, NotFound
+from ffdl.core.errors import AuthError, Gone, IllegalTransition, NotFound
 from ffdl.core.status import TERMINAL_LEARNER_STATES, JobStatus, LearnerStatus, is_terminal
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job
 from ffdl.server.store.models import Job, Learner, LogLine, Metric
 from ffdl.server.store.transitions import set_learner_status, utcnow
-
-
-class Gone(FfdlError):
-    http_status = 410
-    default_code = "C410"
 
 
 class ReportItem(BaseModel):
