@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, wait_for
+from tests.integration.live import FAST_CONFIG, LiveServer, code_zip, manifest_yaml, wait_for
 
 EIGHT_GPUS = [
     {
@@ -133,17 +133,13 @@ def _metrics(server: LiveServer, job_id: str) -> list[dict[str, Any]]:
 
 
 def test_quota_holds_a_tenants_third_job_with_a_reason(cluster: LiveServer) -> None:
-    assert (
-        cluster.client.post("/v1/tenants", json={"id": "team-q", "max_running_jobs": 2}).status_code
-        == 201
-    )
+    created = cluster.client.post("/v1/tenants", json={"id": "team-q", "max_running_jobs": 2})
+    assert created.status_code == 201
     user = cluster.client.post("/v1/tenants/team-q/users", json={"name": "quinn"}).json()
     team = httpx.Client(
         base_url=cluster.url, headers={"Authorization": f"Bearer {user['token']}"}, timeout=30
     )
-    manifest, files = steps_job(400, learners=1, gpus=1)
-    from tests.integration.live import code_zip
-
+    manifest, files = steps_job(2000, learners=1, gpus=2)
     ids = []
     for _ in range(3):
         response = team.post(
@@ -155,20 +151,31 @@ def test_quota_holds_a_tenants_third_job_with_a_reason(cluster: LiveServer) -> N
         )
         assert response.status_code == 201, response.text
         ids.append(response.json()["model_id"])
-    # Another tenant waits for capacity, so team-q may not borrow beyond its quota.
-    blocker_manifest, blocker_files = steps_job(400, learners=2, gpus=4)
+    # Nobody else waits, so the third job borrows idle capacity beyond the quota...
+    wait_for(
+        lambda: all(_status(team.get(f"/v1/models/{i}").json()) == "PROCESSING" for i in ids),
+        timeout=60,
+        what="three team-q jobs running",
+    )
+    # ...until another tenant needs a whole node: the borrowed capacity is reclaimed.
+    blocker_manifest, blocker_files = steps_job(40, learners=1, gpus=4)
     blocker = cluster.submit_ok(blocker_manifest, blocker_files)
+    cluster.wait_status(blocker, {"PROCESSING", "STORING", "COMPLETED"}, timeout=60)
 
     def third_held() -> dict[str, Any] | None:
         models = [team.get(f"/v1/models/{i}").json() for i in ids]
-        running = [m for m in models if _status(m) == "PROCESSING"]
         held = [m for m in models if _status(m) == "QUEUED"]
-        if len(running) == 2 and len(held) == 1 and "quota" in (held[0]["queue"]["reason"] or ""):
+        running = [m for m in models if _status(m) == "PROCESSING"]
+        if len(running) == 2 and len(held) == 1:
             return held[0]
         return None
 
-    held = wait_for(third_held, timeout=60, interval=0.1, what="third job held by quota")
-    assert "team-q" in held["queue"]["reason"] and "2" in held["queue"]["reason"]
+    held = wait_for(third_held, timeout=60, interval=0.1, what="third job back in the queue")
+    assert held["model_id"] == ids[2]
+    reasons = [e["reason"] for e in held["events"] if e["learner"] is None]
+    assert any("reclaim" in r and "borrowed" in r for r in reasons), reasons
+    reason = held["queue"]["reason"]
+    assert "team-q" in reason and "quota" in reason and "2 running jobs" in reason, reason
     queue = team.get("/v1/queue").json()["queue"]
     assert [e["model_id"] for e in queue] == [held["model_id"]]
     for job_id in [*ids, blocker]:
