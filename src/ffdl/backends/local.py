@@ -172,13 +172,3 @@ class LocalBackend:
             except (OSError, ValueError):
                 pass
         return PollResult(LearnerState.MISSING)
-
-    def group_alive(self, handle: Handle) -> bool:
-        """Whether any process of this learner's process group is still alive."""
-        try:
-            os.killpg(int(handle["pid"]), 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
