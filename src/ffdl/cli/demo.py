@@ -296,6 +296,8 @@ def run_demo(
     try:
         token = wait_until_ready(server, url, home, console, health_deadline_s)
         console.print(f"Platform ready at {url} (log: {home / 'server.log'})")
+        dashboard = f"{url}/#token={token}"
+        console.print(f"Dashboard, live while the demo runs: {dashboard}")
         with Client(url, token) as client:
             created = client.submit(manifest, example)
             model_id = str(created.get("model_id"))
@@ -310,7 +312,7 @@ def run_demo(
                 test_accuracy=outcome.test_accuracy,
                 results_location=results.get("location"),
                 download_hint=_download_hint(home, port, model_id),
-                dashboard_url=f"{url}/",
+                dashboard_url=dashboard,
                 docs_url=f"{url}/docs",
             )
         )
