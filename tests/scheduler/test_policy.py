@@ -259,7 +259,7 @@ def test_reasons_name_the_numbers() -> None:
     reasons = waiting(decisions)
     assert reasons["gang"][1] == (
         "needs 2 learners × 4 GPUs; 2 GPUs free on 2 nodes; "
-        "reserved: waiting for r2 to finish (expected in 18 min)"
+        "reserved: waiting for r2 and 1 other job to finish (expected in 18 min)"
     )
     assert reasons["one"][1] == "needs 2 GPUs on one node; largest free block is 1"
 
@@ -313,3 +313,14 @@ def test_a_pass_leaves_the_garbage_collector_as_it_found_it() -> None:
         assert gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_head_waiting_on_an_overrunning_job_says_so() -> None:
+    busy = running("late", [("a", (0, 1))], started=NOW - 1000, duration=500)
+    decisions = schedule(
+        Snapshot(NOW, (node("a"),), (queued("x", gpus=4),), (busy,)), preemption=False
+    )
+    assert decisions.waiting[0].reason.endswith(
+        "reserved: waiting for late to finish (already past its expected end)"
+    )
+    assert decisions.waiting[0].eta_s == 0.0

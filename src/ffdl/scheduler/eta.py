@@ -4,8 +4,8 @@ Owns two projections from expected end times (a running job ends at ``started_at
 expected_duration_s``, else ``+ typical_duration_s``, else at an unknown time):
 
 - ``reserve``: the earliest time the blocked head of the queue fits, found by releasing
-  running jobs node by node in order of expected end and placing the head exactly (same
-  placement rules as a start) after each release; plus, per node, what is left at that
+  running jobs node by node in order of expected end and, at each end time, placing the
+  head exactly (same placement rules as a start); plus, per node, what is left at that
   time once the head has its share (the *shadow*), which backfill must not eat into.
 - ``QueueSimulation``: ETAs for the whole queue in O(n log n). The cluster is one pool of
   GPUs, CPUs and memory; expected ends release into it and queued jobs take from it in queue
@@ -16,33 +16,18 @@ expected_duration_s``, else ``+ typical_duration_s``, else at an unknown time):
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from operator import itemgetter
 
 from ffdl.core.resources import Resources
 from ffdl.scheduler.free import CPU_EPSILON, CapacityView, FreeState, NodeFree
 from ffdl.scheduler.placement import Choice, find_nodes, may_fit
 from ffdl.scheduler.snapshot import QueuedJob
 
-
-class Release(NamedTuple):
-    """Resources a job gives back per node when it ends (``at`` None: end unknown).
-
-    A tuple, since a pass makes one per running job."""
-
-    job_id: str
-    at: float | None
-    usage: tuple[tuple[str, Resources], ...]
-
-    @staticmethod
-    def of(job_id: str, per: Resources, at: float | None, nodes: list[str]) -> Release:
-        """The release of learners needing ``per`` each, one per entry of ``nodes``."""
-        counts: dict[str, int] = {}
-        for name in nodes:
-            counts[name] = counts.get(name, 0) + 1
-        usage = tuple((name, per if n == 1 else per.scaled(n)) for name, n in counts.items())
-        return Release(job_id, at, usage)
+# What holds resources and when it gives them back: (job id, per learner, expected end or
+# None when unknown, the node of each learner).
+Holding = tuple[str, Resources, float | None, Sequence[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,27 +60,64 @@ def reserve(
     job: QueuedJob,
     policy: str,
     state: FreeState,
-    releases: Sequence[Release],
+    holding: Iterable[Holding],
     now: float,
-) -> tuple[Reservation, dict[str, Resources]]:
+) -> tuple[Reservation, dict[str, NodeFree]]:
     """The head's reservation and the shadow: per node, what is free at the reserved time
     after the head's share (empty when the time is unknown)."""
     timed = sorted(
-        ((max(r.at, now), r.job_id, i, r) for i, r in enumerate(releases) if r.at is not None),
-        key=lambda entry: entry[:3],
+        (
+            (end if end > now else now, job_id, index, per, nodes)
+            for index, (job_id, per, end, nodes) in enumerate(holding)
+            if end is not None
+        ),
+        key=itemgetter(0, 1, 2),
     )
-    view = _copy_view(state)
+    free = {
+        name: NodeFree(item.node, item.gpus, item.cpus, item.memory_mb)
+        for name, item in state.free.items()
+    }
+    usable = {
+        name
+        for name, item in free.items()
+        if item.node.schedulable and (job.gpu_type is None or item.node.gpu_type == job.gpu_type)
+    }
+    # Until the head could fit by totals alone, releases only update counts; the indexed
+    # view is built once they could (most releases of a long list are then never indexed).
+    need = job.per_learner.scaled(job.learners)
+    totals = [0, 0.0, 0]
+    for name in usable:
+        item = free[name]
+        totals[0] += max(item.gpus, 0)
+        totals[1] += max(item.cpus, 0.0)
+        totals[2] += max(item.memory_mb, 0)
+    view: CapacityView | None = None
+    ended: list[tuple[str, Sequence[str]]] = []  # released so far, in order of end
     index = 0
     while index < len(timed):
         at = timed[index][0]
-        ended: list[str] = []
         while index < len(timed) and timed[index][0] == at:
-            release = timed[index][3]
-            for name, amount in release.usage:
-                if name in view.free:
-                    view.add(name, amount)
-            ended.append(release.job_id)
+            _at, job_id, _order, per, nodes = timed[index]
+            for name in nodes:
+                if name not in free:
+                    continue
+                if view is not None:
+                    view.add(name, per)
+                    continue
+                item = free[name]
+                item.gpus += per.gpus
+                item.cpus += per.cpus
+                item.memory_mb += per.memory_mb
+                if name in usable:
+                    totals[0] += per.gpus
+                    totals[1] += per.cpus
+                    totals[2] += per.memory_mb
+            ended.append((job_id, nodes))
             index += 1
+        if view is None:
+            if not need.fits_in(Resources(int(totals[0]), totals[1], int(totals[2]))):
+                continue
+            view = CapacityView(free)
         if not _could_fit(view, job):
             continue
         choice = find_nodes(view, job, policy)
@@ -103,28 +125,34 @@ def reserve(
             continue
         for name, count in choice:
             view.subtract(name, job.per_learner.scaled(count))
-        shadow = {name: item.resources for name, item in view.free.items() if item.node.schedulable}
-        return Reservation(job.id, at, tuple(choice), tuple(ended)), shadow
+        shadow = {name: item for name, item in free.items() if item.node.schedulable}
+        # What the head waits for: the jobs ending on its nodes, the last to end first.
+        nodes_used = {name for name, _count in choice}
+        waiting_for = tuple(
+            job_id for job_id, nodes in reversed(ended) if not nodes_used.isdisjoint(nodes)
+        )
+        return Reservation(job.id, at, tuple(choice), waiting_for), shadow
     return Reservation(job.id, None), {}
 
 
 class BackfillLimits:
     """What jobs behind a blocked head may use, as views that placement reads directly.
 
-    ``short`` is what is free now; ``long`` (once a reservation time is known) is, per node,
-    the lesser of what is free now and what the shadow leaves, for jobs that would still run
-    at the reserved time. Fenced nodes (those a blocker with no known time, or an aged job,
-    could use) read as empty in both, so pool totals reject jobs without scanning nodes.
+    Jobs expected to end before the reserved time see what is free now (the state itself
+    until a node is fenced); the others see ``long``: per node, the lesser of what is free
+    now and what the shadow leaves. Fenced nodes (those a blocker with no known time, or an
+    aged job, could use) read as empty in both, so pool totals reject jobs without scanning
+    nodes.
     """
 
     def __init__(self, state: FreeState) -> None:
         self.state = state
         self.fenced: set[str] = set()
-        self.shadow: dict[str, Resources] = {}
+        self.shadow: dict[str, NodeFree] = {}
         self._short: CapacityView | None = None  # the state itself until a node is fenced
         self.long: CapacityView | None = None
 
-    def set_shadow(self, shadow: dict[str, Resources]) -> None:
+    def set_shadow(self, shadow: dict[str, NodeFree]) -> None:
         self.shadow = shadow
         self.long = CapacityView(
             {name: self._long_free(name, item) for name, item in self.state.free.items()}
@@ -148,21 +176,24 @@ class BackfillLimits:
             return self.state if self._short is None else self._short
         return self.long
 
-    def fence(self, names: set[str]) -> int:
-        """Fence more nodes; returns how many nodes are fenced now."""
+    def fence(self, names: set[str]) -> None:
+        """Keep every later job off these nodes."""
         new = names - self.fenced
         self.fenced |= new
         if new and self._short is None:
             self._short = _copy_view(self.state)
         for name in new:
             self._refresh(name)
-        return len(self.fenced)
 
     def started(self, job: QueuedJob, choice: Choice, *, past_reservation: bool) -> None:
         """Follow a start on the state: it takes from the shadow if it runs past the time."""
         for name, count in choice:
-            if past_reservation and name in self.shadow:
-                self.shadow[name] = self.shadow[name] - job.per_learner.scaled(count)
+            limit = self.shadow.get(name) if past_reservation else None
+            if limit is not None:
+                per = job.per_learner
+                limit.gpus -= per.gpus * count
+                limit.cpus -= per.cpus * count
+                limit.memory_mb -= per.memory_mb * count
             self._refresh(name)
 
     def _refresh(self, name: str) -> None:
@@ -175,10 +206,6 @@ class BackfillLimits:
         if self.long is not None:
             limited = self._long_free(name, item)
             self.long.set_free(name, limited.gpus, limited.cpus, limited.memory_mb)
-
-
-def choice_usage(job: QueuedJob, choice: Choice) -> tuple[tuple[str, Resources], ...]:
-    return tuple((name, job.per_learner.scaled(count)) for name, count in choice)
 
 
 def duration_words(seconds: float) -> str:
@@ -195,9 +222,14 @@ def reservation_words(reservation: Reservation, now: float) -> str:
     if reservation.at is None:
         return "no running job it waits for has an expected end"
     names = reservation.waiting_for
+    if not names:
+        return "reserved: its room frees up now"
     who = names[0]
     if len(names) > 1:
         who += f" and {len(names) - 1} other job" + ("" if len(names) == 2 else "s")
+    if reservation.at <= now:
+        past = "its" if len(names) == 1 else "their"
+        return f"reserved: waiting for {who} to finish (already past {past} expected end)"
     when = duration_words(reservation.at - now)
     return f"reserved: waiting for {who} to finish (expected in {when})"
 
@@ -244,24 +276,23 @@ class QueueSimulation:
         self._estimate = ETA_WITH_TYPICAL if typical_used else ETA_FROM_EXPECTED
         self._sequence = 0
 
-    def hold_learners(self, per: Resources, learners: int, until: float | None) -> None:
-        """Learners already holding resources, released at ``until`` (None: end unknown)."""
-        self._hold(per.gpus * learners, per.cpus * learners, per.memory_mb * learners, until, True)
-
-    def _hold(
-        self, gpus: int, cpus: float, memory: int, until: float | None, running: bool
-    ) -> None:
-        if until is None:
-            if running:
+    def hold_all(self, holders: Iterable[tuple[Resources, int, float | None]]) -> None:
+        """Learners already holding resources: (per learner, how many, expected end, None
+        when unknown). Called once, before any ``admit``."""
+        events = self._events
+        for per, learners, until in holders:
+            if until is None:
                 self._forever_running = True
-            else:
-                self._forever_ahead = True
-            return
-        self._sequence += 1
-        heapq.heappush(self._events, (max(until, self.now), self._sequence, gpus, cpus, memory))
-        self._later_gpus += gpus
-        self._later_cpus += cpus
-        self._later_memory += memory
+                continue
+            gpus, cpus, memory = per.gpus * learners, per.cpus * learners, per.memory_mb * learners
+            self._sequence += 1
+            events.append(
+                (until if until > self.now else self.now, self._sequence, gpus, cpus, memory)
+            )
+            self._later_gpus += gpus
+            self._later_cpus += cpus
+            self._later_memory += memory
+        heapq.heapify(events)
 
     def release_now(self, amount: Resources) -> None:
         self._gpus += amount.gpus
@@ -344,23 +375,28 @@ class PooledEstimates:
         self,
         now: float,
         view: CapacityView,
-        holding: list[tuple[Resources, float | None, list[str]]],
-        handed_back: list[tuple[str, Resources]],
+        holding: Iterable[tuple[Resources, float | None, Iterable[str]]],
+        handed_back: Iterable[tuple[str, Resources]],
         typical_used: bool,
     ) -> None:
         self.now = now
         self.view = view
         self.node_type = {name: view.free[name].node.gpu_type for name in view.all.names}
-        self.holding: list[tuple[Resources, float | None, dict[str, int]]] = []
+        # (per learner, learners on schedulable nodes, expected end): in all, and per type
+        self.everywhere: list[tuple[Resources, int, float | None]] = []
+        self.by_type: dict[str, list[tuple[Resources, int, float | None]]] = {}
+        node_type = self.node_type
         for per, end, nodes in holding:
-            by_type: dict[str, int] = {}
+            counts: dict[str, int] = {}
             for name in nodes:
-                kind = self.node_type.get(name)
+                kind = node_type.get(name)
                 if kind is not None:
-                    by_type[kind] = by_type.get(kind, 0) + 1
-            if by_type:
-                self.holding.append((per, end, by_type))
-        self.handed_back = [(n, r) for n, r in handed_back if n in self.node_type]
+                    counts[kind] = counts.get(kind, 0) + 1
+            if counts:
+                self.everywhere.append((per, sum(counts.values()), end))
+                for kind, learners in counts.items():
+                    self.by_type.setdefault(kind, []).append((per, learners, end))
+        self.handed_back = [(n, r) for n, r in handed_back if n in node_type]
         self.typical_used = typical_used
         self._sims: dict[str | None, QueueSimulation] = {}
 
@@ -379,10 +415,7 @@ class PooledEstimates:
                 cpus += max(item.cpus, 0.0)
                 memory += max(item.memory_mb, 0)
         sim = QueueSimulation(self.now, Resources(gpus, cpus, memory), self.typical_used)
-        for per, end, by_type in self.holding:
-            count = sum(by_type.values()) if gpu_type is None else by_type.get(gpu_type, 0)
-            if count:
-                sim.hold_learners(per, count, end)
+        sim.hold_all(self.everywhere if gpu_type is None else self.by_type.get(gpu_type, []))
         for name, left in self.handed_back:
             if gpu_type is None or self.node_type[name] == gpu_type:
                 sim.release_now(left)

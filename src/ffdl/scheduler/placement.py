@@ -57,8 +57,14 @@ def find_nodes(
     job: QueuedJob,
     policy: str,
     excluded: Container[str] | None = None,
+    *,
+    any_fit: bool = False,
 ) -> Choice | None:
-    """Where the whole gang fits on ``view`` (never on ``excluded`` nodes), or None."""
+    """Where the whole gang fits on ``view`` (never on ``excluded`` nodes), or None.
+
+    ``any_fit``: only whether it fits matters, so the first label value that holds the gang
+    will do (no search for the best one).
+    """
     if job.learners < 1:
         return None
     if job.same_label is None:
@@ -66,20 +72,30 @@ def find_nodes(
         if pool is None or not may_fit(pool, job):
             return None
         return _place_in_pool(view, pool, job, policy, excluded, None)
+    # Visit label values in the order of the tie-break (pack: least free first; spread: most
+    # free first), so a value reaching the best possible node count (pack: one node;
+    # spread: one node per learner) is the answer and the rest need not be placed.
+    groups = sorted(
+        view.label_groups(job.same_label).values(),
+        key=lambda pool: (pool.free_gpus, pool.free_cpus),
+        reverse=policy == SPREAD,
+    )
+    ideal = job.learners if policy == SPREAD else 1
     best: Choice | None = None
-    best_key: tuple[int, int, float] | None = None
-    for pool in view.label_groups(job.same_label).values():
+    for pool in groups:
         if not may_fit(pool, job):
             continue
         choice = _place_in_pool(view, pool, job, policy, excluded, job.gpu_type)
         if choice is None:
             continue
-        if policy == SPREAD:
-            key = (-len(choice), -pool.free_gpus, -pool.free_cpus)
-        else:
-            key = (len(choice), pool.free_gpus, pool.free_cpus)
-        if best_key is None or key < best_key:
-            best, best_key = choice, key
+        if any_fit or len(choice) == ideal:
+            return choice
+        if (
+            best is None
+            or (policy == SPREAD and len(choice) > len(best))
+            or (policy != SPREAD and len(choice) < len(best))
+        ):
+            best = choice
     return best
 
 

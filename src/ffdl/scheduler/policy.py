@@ -30,16 +30,16 @@ once they are halted.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ffdl.core.resources import Placement, Resources
 from ffdl.scheduler.eta import (
     BackfillLimits,
+    Holding,
     PooledEstimates,
     QueueSimulation,
-    Release,
     Reservation,
-    choice_usage,
     reservation_words,
     reserve,
 )
@@ -54,7 +54,7 @@ from ffdl.scheduler.placement import (
     never_fits_on,
     usable_nodes,
 )
-from ffdl.scheduler.preemption import VictimIndex, VictimUsage, split_claim, victim_usage
+from ffdl.scheduler.preemption import Hold, VictimIndex, preempt_for
 from ffdl.scheduler.queue import (
     DEFAULT_AGING_THRESHOLD_S,
     behind_reason,
@@ -81,7 +81,7 @@ _NEVER, _QUOTA, _PREEMPTING, _HEAD, _CAPACITY, _HELD = range(6)
 
 # Preempting jobs per pass: each one costs victims a checkpoint, so the cluster is not
 # churned in one go (and a pass stays fast); the next pass lets the next ones preempt.
-DEFAULT_MAX_PREEMPTORS = 8
+DEFAULT_MAX_PREEMPTORS = 4
 
 _ShapeKey = tuple[int, float, int, int, str | None, str | None]
 
@@ -141,17 +141,9 @@ def _shape(job: QueuedJob) -> _ShapeKey:
     return (per.gpus, per.cpus, per.memory_mb, job.learners, job.gpu_type, job.same_label)
 
 
-@dataclass(slots=True)
-class _Hold:
-    """A preemptor's claim: what it takes from free capacity, and what victims hand over."""
-
-    job: QueuedJob
-    from_free: dict[str, Resources]
-    victims_left: dict[str, Resources]  # what it does not need, free once the victims halt
-    placement: tuple[tuple[str, Resources], ...]
-
-
 class _Pass:
+    """One scheduling pass over a snapshot (the working state of ``plan``)."""
+
     def __init__(
         self,
         snapshot: Snapshot,
@@ -178,7 +170,7 @@ class _Pass:
         self.borrowed: list[str] = []
         self.preemptions: list[Preempt] = []
         self.victims: dict[str, RunningJob] = {}
-        self.holds: list[_Hold] = []
+        self.holds: list[Hold] = []
         self.outcome: dict[str, tuple[int, str]] = {}
         self.waiting_in_quota: list[QueuedJob] = []
         self.never_cache: dict[_ShapeKey, str | None] = {}
@@ -189,6 +181,7 @@ class _Pass:
         self.head: QueuedJob | None = None
         self.reservation: Reservation | None = None
         self.limits: BackfillLimits | None = None  # set once a job blocks the queue
+        self._running_holding: list[Holding] | None = None
         self.closed = False  # nothing more may start in the main walk
 
     # -- the walk ----------------------------------------------------------------------
@@ -232,11 +225,17 @@ class _Pass:
         """Once nothing more can start, only jobs over their quota need handling now (for
         borrowing); the rest wait, and their reasons are worked out with the others."""
         quotas = self.snap.quotas
+        # Usage no longer changes, so the quota verdict depends on tenant and GPUs only.
+        verdicts: dict[tuple[str, int], str | None] = {}
         for job in self.order[start:]:
-            if job.tenant in quotas and self._never(job, _shape(job)) is None:
-                over = self.quota.over_quota(job)
-                if over is not None:
-                    deferred.append((job, over))
+            if job.tenant not in quotas:
+                continue
+            key = (job.tenant, job.per_learner.gpus * job.learners)
+            if key not in verdicts:
+                verdicts[key] = self.quota.over_quota(job)
+            over = verdicts[key]
+            if over is not None and self._never(job, _shape(job)) is None:
+                deferred.append((job, over))
 
     def _verdict(self, job: QueuedJob, key: _ShapeKey) -> tuple[int, str]:
         """Why a job from after the walk closed waits (free capacity no longer changes)."""
@@ -275,7 +274,7 @@ class _Pass:
         if cached is not None and cached[0] == self.state.version:
             return cached[1]
         policy = effective_policy(job, self.snap.default_placement)
-        fits = find_nodes(self.state, job, policy) is not None
+        fits = find_nodes(self.state, job, policy, any_fit=True) is not None
         self.fits_now_cache[key] = (self.state.version, fits)
         return fits
 
@@ -309,40 +308,42 @@ class _Pass:
         else:
             self.limits.set_shadow(shadow)
 
-    def _holding(self) -> list[tuple[str, Resources, float | None, list[str]]]:
+    def _holding(self) -> list[Holding]:
         """Running jobs not preempted and this pass's starts: (id, per learner, expected
         end, the learners' nodes)."""
-        typical = self.snap.typical_duration_s
-        holding = []
-        for running in self.snap.running:
-            if running.id not in self.victims:
-                duration = running.expected_duration_s or typical
-                end = None if duration is None else running.started_at + duration
-                nodes = [lp.node for lp in running.placement.learners]
-                holding.append((running.id, running.per_learner, end, nodes))
+        if self._running_holding is None:
+            # Victims are only chosen before the head blocks, so this is final by now.
+            typical = self.snap.typical_duration_s
+            self._running_holding = []
+            for running in self.snap.running:
+                if running.id not in self.victims:
+                    duration = running.expected_duration_s or typical
+                    end = None if duration is None else running.started_at + duration
+                    nodes = [lp.node for lp in running.placement.learners]
+                    self._running_holding.append((running.id, running.per_learner, end, nodes))
+        holding = list(self._running_holding)
         for start in self.starts:
             job = self.started[start.job_id]
             duration = self._duration(job)
             end = None if duration is None else self.now + duration
-            holding.append(
-                (job.id, job.per_learner, end, [lp.node for lp in start.placement.learners])
-            )
+            nodes = [lp.node for lp in start.placement.learners]
+            holding.append((job.id, job.per_learner, end, nodes))
         return holding
 
-    def _hold_end(self, hold: _Hold) -> float | None:
+    def _hold_end(self, hold: Hold) -> float | None:
         duration = self._duration(hold.job)
         return None if duration is None else self.now + duration
 
-    def _releases(self) -> list[Release]:
-        """What every holder gives back, per node, at its expected end (for ``reserve``)."""
-        releases = [
-            Release.of(job_id, per, end, nodes) for job_id, per, end, nodes in self._holding()
-        ]
+    def _releases(self) -> list[Holding]:
+        """Everything that frees resources by an expected end (for ``reserve``): holders,
+        and the free capacity preempting jobs hold."""
+        holding = self._holding()
         for hold in self.holds:
-            releases.append(
-                Release(hold.job.id, self._hold_end(hold), tuple(hold.from_free.items()))
+            end = self._hold_end(hold)
+            holding.extend(
+                (hold.job.id, amount, end, (name,)) for name, amount in hold.from_free.items()
             )
-        return releases
+        return holding
 
     def _usable(self, job: QueuedJob) -> set[str]:
         key = _shape(job)
@@ -370,39 +371,23 @@ class _Pass:
             return False
         if self._victim_index is None:
             self._victim_index = VictimIndex(self.snap.running, self.borrowers)
-        chosen = self._victim_index.choose(job, self.state)
-        if chosen is None:
+        policy = effective_policy(job, self.snap.default_placement)
+        hold = preempt_for(job, policy, self.state, self._victim_index)
+        if hold is None:
             return False
-        freed = victim_usage(chosen, self.state.free)
-        for name, (amount, ids) in freed.items():
-            self.state.release(name, amount, ids)
-        choice = find_nodes(self.state, job, effective_policy(job, self.snap.default_placement))
-        for name, (amount, ids) in freed.items():
-            self.state.claim(name, amount, ids)
-        if choice is None:
-            return False
-        self._hold(job, choice, freed)
-        self._victim_index.mark_chosen(chosen)
-        for victim in chosen:
+        self.holds.append(hold)
+        for victim in hold.victims:
             self.victims[victim.job.id] = victim.job
             reason = f"preempted by {job.id}"
             if victim.borrowing:
                 reason += f" to reclaim capacity it borrowed ({victim.borrowing})"
             self.preemptions.append(Preempt(victim.job.id, job.id, reason))
-        borrowed = sum(1 for victim in chosen if victim.borrowing)
-        detail = f"waiting for {plural(len(chosen), 'preempted job')} to checkpoint"
+        borrowed = sum(1 for victim in hold.victims if victim.borrowing)
+        detail = f"waiting for {plural(len(hold.victims), 'preempted job')} to checkpoint"
         if borrowed:
             detail += f" ({borrowed} of them reclaimed from borrowed capacity)"
         self.outcome[job.id] = (_PREEMPTING, detail)
         return True
-
-    def _hold(self, job: QueuedJob, choice: Choice, freed: VictimUsage) -> None:
-        """Take what the preemptor's trial placement needs beyond the victims' share."""
-        usage = choice_usage(job, choice)
-        from_free, victims_left = split_claim(usage, freed)
-        for name, extra in from_free.items():
-            self.state.claim(name, extra, self.state.free[name].gpu_ids[: extra.gpus])
-        self.holds.append(_Hold(job, from_free, victims_left, usage))
 
     # -- borrowing ---------------------------------------------------------------------
 
@@ -446,11 +431,13 @@ class _Pass:
     def _estimates(self) -> PooledEstimates:
         """The pooled ETA simulations, fed with everything that holds resources after
         this pass and what preempted jobs hand back once they halt."""
-        holding = [(per, end, nodes) for _id, per, end, nodes in self._holding()]
+        holding: list[tuple[Resources, float | None, Iterable[str]]] = [
+            (per, end, nodes) for _id, per, end, nodes in self._holding()
+        ]
         handed_back: list[tuple[str, Resources]] = []
         for hold in self.holds:
             end = self._hold_end(hold)
-            holding.extend((amount, end, [name]) for name, amount in hold.placement)
+            holding.extend((amount, end, (name,)) for name, amount in hold.placement)
             handed_back.extend(hold.victims_left.items())
         typical_used = self.snap.typical_duration_s is not None and (
             any(r.expected_duration_s is None for r in self.snap.running)
@@ -469,24 +456,28 @@ class _Pass:
         # Waiting jobs ahead, and how many of them are of a higher priority.
         ahead, ahead_higher, priority = 0, 0, None
         for job in self.order:
-            if job.id in started:
+            job_id = job.id
+            if job_id in started:
                 continue
             if job.priority != priority:
                 priority, ahead_higher = job.priority, ahead
-            decided = outcome.get(job.id)
+            key = None
+            decided = outcome.get(job_id)
             if decided is None:  # a job from after the walk closed
                 key = _shape(job)
-                decided = verdicts.get(key) or verdicts.setdefault(key, self._verdict(job, key))
+                decided = verdicts.get(key)
+                if decided is None:
+                    decided = verdicts[key] = self._verdict(job, key)
             kind, detail = decided
-            sim = sims.get(job.gpu_type) or sims.setdefault(
-                job.gpu_type, estimates.for_type(job.gpu_type)
-            )
+            sim = sims.get(job.gpu_type)
+            if sim is None:
+                sim = sims[job.gpu_type] = estimates.for_type(job.gpu_type)
             eta: float | None
             if kind == _HELD:
                 reason = behind_reason(ahead_higher, ahead - ahead_higher)
                 eta, eta_reason = sim.admit(job, job.expected_duration_s or typical)
             elif kind == _CAPACITY:
-                key = _shape(job)
+                key = key or _shape(job)
                 reason = shortfalls.get(key) or shortfalls.setdefault(
                     key, describe_shortfall(self.state, job)
                 )
@@ -508,5 +499,5 @@ class _Pass:
                 eta, eta_reason = None, "it can never fit this cluster"
                 reason = detail
             ahead += 1
-            out.append(Waiting(job.id, ahead, reason, eta, eta_reason))
+            out.append(Waiting(job_id, ahead, reason, eta, eta_reason))
         return tuple(out)

@@ -16,24 +16,31 @@ Fit is exact and cheap: a gang fits iff the learner slots on the nodes it may us
 value, with locality) add up to its learner count, so a candidate set is checked by
 recounting slots on the few nodes its victims free.
 
-The search for the fewest victims works per node: on each node, victims are taken largest
-first until the node gains slots; a node that alone makes the job fit costs that many
-victims, otherwise nodes are combined best gain-per-victim first. The set is then checked
-exactly, any victim that is not needed is dropped, and when there are few candidates every
-smaller set is also tried in preference order, so the count is the true minimum there.
+The search for the fewest victims: first single victims, in preference order (a single
+victim that makes room is the best answer). Otherwise per node: on each node, victims are
+taken largest first until the node gains slots; a node that alone makes the job fit costs
+that many victims, otherwise nodes are combined best gain-per-victim first. The set is then
+checked exactly, any victim that is not needed is dropped, and when there are few
+candidates every smaller set is also tried in preference order, so the count is the true
+minimum there (beyond that it is a close, not a proven, minimum).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Container, Iterable, Sequence
+from dataclasses import dataclass
 from itertools import combinations
 from operator import attrgetter
 from typing import NamedTuple
 
 from ffdl.core.resources import Resources
-from ffdl.scheduler.free import CapacityView, node_slots, slots_for
+from ffdl.scheduler.free import CapacityView, FreeState, node_slots, slots_for
+from ffdl.scheduler.placement import find_nodes
 from ffdl.scheduler.snapshot import QueuedJob, RunningJob
 
+# Victims tried one by one, most preferred first, before searching node by node.
+SINGLE_VICTIM_SCAN = 32
 # Up to this many candidates, all smaller victim sets are tried (within the budget).
 EXACT_SEARCH_CANDIDATES = 12
 EXACT_SEARCH_BUDGET = 5000
@@ -151,6 +158,9 @@ class VictimIndex:
         self.ordered.sort(key=attrgetter("job.priority"))
         self.ordered.sort(key=lambda c: c.borrowing is None)
         self.rank = {c.job.id: index for index, c in enumerate(self.ordered)}
+        self.borrowing_count = sum(1 for c in self.ordered if c.borrowing)
+        # Priorities along ``ordered``; borrowers read as below any priority (they come first).
+        self.ordered_priorities = [-1 if c.borrowing else c.job.priority for c in self.ordered]
         self.chosen: set[str] = set()
         self.usage: dict[str, _Usage] = {}
         # Per node, largest first then most preferred: (-gpus, -cpus, -memory, rank, id,
@@ -173,39 +183,37 @@ class VictimIndex:
         for entries in self.on_node.values():
             entries.sort()
 
-    def eligible(self, job: QueuedJob) -> list[Candidate]:
-        """The victims ``job`` may preempt now, most preferred first."""
-        eligible = []
-        for candidate in self.ordered:
-            if candidate.borrowing is None and candidate.job.priority >= job.priority:
-                break  # the rest are of equal or higher priority
-            if candidate.job.id not in self.chosen:
-                eligible.append(candidate)
-        return eligible
+    def _eligible_up_to(self, job: QueuedJob) -> int:
+        """How far into ``ordered`` ``job`` may look: borrowers come first, then the others
+        by priority, so its victims are a prefix (less those already chosen)."""
+        return bisect_left(self.ordered_priorities, job.priority, lo=self.borrowing_count)
 
     def mark_chosen(self, victims: Iterable[Candidate]) -> None:
         self.chosen.update(c.job.id for c in victims)
 
     def choose(self, job: QueuedJob, view: CapacityView) -> tuple[Candidate, ...] | None:
         """The victims to preempt so that ``job`` fits on ``view``, or None if no set does."""
-        eligible = self.eligible(job)
-        if not eligible:
+        eligible_end = self._eligible_up_to(job)
+        if not any(c.job.id not in self.chosen for c in self.ordered[:eligible_end]):
             return None
         evaluator = _Evaluator(view, job)
         usage = self.usage
-        borrowed = [c for c in eligible if c.borrowing]
-        for tier in (borrowed, eligible):
-            if not tier:
-                continue
-            chosen = self._by_nodes(job, evaluator, {c.job.id for c in tier}, usage)
+        # Borrowers first: only if reclaiming them cannot make room, everyone eligible.
+        for end in sorted({self.borrowing_count, eligible_end} - {0}):
+            tier = self.ordered[:end]
+            single = _single(evaluator, tier, usage, self.chosen)
+            if single is not None:
+                return (single,)  # one victim is the fewest, and the first is preferred
+            chosen = self._by_nodes(job, evaluator, end)
             if chosen is None:
-                if not _all_fit(evaluator, tier, usage):
+                remaining = [c for c in tier if c.job.id not in self.chosen]
+                if not remaining or not _all_fit(evaluator, remaining, usage):
                     continue
-                chosen = _in_order(evaluator, tier, usage)
+                chosen = _in_order(evaluator, remaining, usage)
             chosen = _without_spare(evaluator, chosen, usage)
             helpful: list[Candidate] = []
             for candidate in tier:
-                if evaluator.helps(usage[candidate.job.id]):
+                if candidate.job.id not in self.chosen and evaluator.helps(usage[candidate.job.id]):
                     helpful.append(candidate)
                     if len(helpful) > EXACT_SEARCH_CANDIDATES:
                         break
@@ -214,13 +222,9 @@ class VictimIndex:
             return tuple(sorted(chosen, key=lambda c: self.rank[c.job.id]))
         return None
 
-    def _by_nodes(
-        self,
-        job: QueuedJob,
-        evaluator: _Evaluator,
-        allowed: set[str],
-        usage: dict[str, _Usage],
-    ) -> list[Candidate] | None:
+    def _by_nodes(self, job: QueuedJob, evaluator: _Evaluator, end: int) -> list[Candidate] | None:
+        """Victims chosen node by node among ``ordered[:end]``; None if that finds none."""
+        chosen_already = self.chosen
         per = job.per_learner
         whole: dict[str, list[Candidate]] = {}  # per group: one node that suffices alone
         partial: dict[str, list[tuple[float, int, list[Candidate]]]] = {}
@@ -235,8 +239,8 @@ class VictimIndex:
             base = evaluator.slots.get(name, 0)
             picked: list[Candidate] = []
             best: tuple[float, int, list[Candidate]] | None = None
-            for *_order, job_id, candidate, more_gpus, more_cpus, more_memory in entries:
-                if job_id not in allowed:
+            for _g, _c, _m, rank, job_id, candidate, more_gpus, more_cpus, more_memory in entries:
+                if rank >= end or job_id in chosen_already:
                     continue
                 picked.append(candidate)
                 gpus, cpus, memory = gpus + more_gpus, cpus + more_cpus, memory + more_memory
@@ -262,13 +266,37 @@ class VictimIndex:
         options.sort(key=lambda o: (len(o), sorted(self.rank[c.job.id] for c in o)))
         for option in options:
             for candidate in option:
-                evaluator.add(usage[candidate.job.id])
+                evaluator.add(self.usage[candidate.job.id])
             fits = evaluator.fits()
             for candidate in option:
-                evaluator.remove(usage[candidate.job.id])
+                evaluator.remove(self.usage[candidate.job.id])
             if fits:
                 return option
         return None
+
+
+def _single(
+    evaluator: _Evaluator,
+    tier: Sequence[Candidate],
+    usage: dict[str, _Usage],
+    chosen: Container[str],
+) -> Candidate | None:
+    """The most preferred victim that makes room on its own, looking only at the first
+    ``SINGLE_VICTIM_SCAN`` candidates (the search by node covers the rest)."""
+    looked = 0
+    for candidate in tier:
+        if candidate.job.id in chosen:
+            continue
+        looked += 1
+        if looked > SINGLE_VICTIM_SCAN:
+            return None
+        freed = usage[candidate.job.id]
+        evaluator.add(freed)
+        fits = evaluator.fits()
+        evaluator.remove(freed)
+        if fits:
+            return candidate
+    return None
 
 
 def _all_fit(evaluator: _Evaluator, tier: Sequence[Candidate], usage: dict[str, _Usage]) -> bool:
@@ -372,3 +400,36 @@ def split_claim(
         name: _excess(amount, used.get(name, Resources())) for name, (amount, _) in freed.items()
     }
     return from_free, left
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A preemptor's claim on the capacity it will start on once its victims have halted."""
+
+    job: QueuedJob
+    victims: tuple[Candidate, ...]
+    from_free: dict[str, Resources]  # what it takes from capacity that is free now
+    victims_left: dict[str, Resources]  # what it does not need, free once the victims halt
+    placement: tuple[tuple[str, Resources], ...]  # its trial placement, per node
+
+
+def preempt_for(job: QueuedJob, policy: str, state: FreeState, index: VictimIndex) -> Hold | None:
+    """Choose victims for ``job``, check by placing it that it then fits, and hold what
+    that placement needs on ``state`` (victims' capacity stays taken until they halt)."""
+    chosen = index.choose(job, state)
+    if chosen is None:
+        return None
+    freed = victim_usage(chosen, state.free)
+    for name, (amount, ids) in freed.items():
+        state.release(name, amount, ids)
+    choice = find_nodes(state, job, policy)
+    for name, (amount, ids) in freed.items():
+        state.claim(name, amount, ids)
+    if choice is None:
+        return None
+    placement = tuple((name, job.per_learner.scaled(count)) for name, count in choice)
+    from_free, victims_left = split_claim(placement, freed)
+    for name, extra in from_free.items():
+        state.claim(name, extra, state.free[name].gpu_ids[: extra.gpus])
+    index.mark_chosen(chosen)
+    return Hold(job, chosen, from_free, victims_left, placement)

@@ -66,11 +66,15 @@ class QuotaBook:
         self._ends: dict[str, list[tuple[float, int]]] = {}
         self._answers: dict[tuple[str, int], tuple[float | None, str]] = {}
         for job in running:
-            duration = job.expected_duration_s or typical_duration_s
-            end = None if duration is None else job.started_at + duration
-            self.charge(job.tenant, job.total.gpus, end)
+            if job.tenant in quotas:
+                duration = job.expected_duration_s or typical_duration_s
+                end = None if duration is None else job.started_at + duration
+                self.charge(job.tenant, job.total.gpus, end)
 
     def charge(self, tenant: str, gpus: int, end: float | None) -> None:
+        """Count a job against its tenant (only tenants with a quota are tracked)."""
+        if tenant not in self.quotas:
+            return
         usage = self.usage.get(tenant)
         if usage is None:
             usage = self.usage[tenant] = TenantUsage()
