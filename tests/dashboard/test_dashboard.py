@@ -45,17 +45,6 @@ return badge ? badge.dataset.status : null;
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[LiveServer]:
-    live = LiveServer(home=tmp_path / "home")
-    live.start()
-    try:
-        yield live
-    finally:
-        live.stop()
-        live.kill_learners()
-
-
-@pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium chromium-driver)")

@@ -275,24 +275,36 @@ def _live_learners(platform: Platform, job_id: str) -> list[tuple[int, dict[str,
         ]
 
 
-def halt(platform: Platform, job_id: str) -> None:
-    """Signal the learners once; after the grace period, kill what is left; then HALTED."""
+def _stop_learners(platform: Platform, job_id: str, status: JobStatus, reason: str) -> bool:
+    """Ask a stopping job's learners to checkpoint and exit; kill them after the grace period.
+
+    Returns True once no learner of the current attempt runs any more (all reported, or
+    killed and marked HALTED with ``reason``); False while they still have time.
+    """
     with platform.store.read() as session:
         job = session.get(Job, job_id)
-        if job is None or job.status != JobStatus.HALTING.value:
-            return
+        if job is None or job.status != status.value:
+            return False
         attempt, since = job.attempt, job.status_changed_at
     launched = [(i, h) for i, h in _live_learners(platform, job_id) if h]
-    if launched and "halt-signal" not in _done_steps(platform, job_id, attempt):
+    step = f"{status.value.lower()}-signal"
+    if launched and step not in _done_steps(platform, job_id, attempt):
         for _index, handle in launched:
             platform.backend.signal_halt(handle)
-        _record_step(platform, job_id, attempt, "halt-signal")
+        _record_step(platform, job_id, attempt, step)
     overdue = utcnow() - since > timedelta(seconds=platform.settings.halt_grace_s + 10)
     if launched and not overdue:
-        return  # the learners report HALTED themselves; the report path finishes the job
+        return False  # learners checkpoint and report HALTED; their report wakes us again
     for _index, handle in launched:
         platform.backend.kill(handle)
-    _finish_learners(platform, job_id, LearnerStatus.HALTED, "halted")
+    _finish_learners(platform, job_id, LearnerStatus.HALTED, reason)
+    return True
+
+
+def halt(platform: Platform, job_id: str) -> None:
+    """Stop a HALTING job's learners, then mark it HALTED (or COMPLETED if they finished)."""
+    if not _stop_learners(platform, job_id, JobStatus.HALTING, "halted"):
+        return
     with platform.store.write() as session:
         job = session.get(Job, job_id)
         if job is None or job.status != JobStatus.HALTING.value:
@@ -311,23 +323,8 @@ def halt(platform: Platform, job_id: str) -> None:
 
 def rescale(platform: Platform, job_id: str) -> None:
     """Checkpoint-restart a RESCALING job at its target size (see ``rescale_target``)."""
-    with platform.store.read() as session:
-        job = session.get(Job, job_id)
-        if job is None or job.status != JobStatus.RESCALING.value:
-            return
-        attempt, since = job.attempt, job.status_changed_at
-    launched = [(i, h) for i, h in _live_learners(platform, job_id) if h]
-    if launched and "rescale-signal" not in _done_steps(platform, job_id, attempt):
-        for _index, handle in launched:
-            platform.backend.signal_halt(handle)
-        _record_step(platform, job_id, attempt, "rescale-signal")
-    overdue = utcnow() - since > timedelta(seconds=platform.settings.halt_grace_s + 10)
-    if launched and not overdue:
-        return  # learners checkpoint and report HALTED; their report wakes this loop again
-    for _index, handle in launched:
-        platform.backend.kill(handle)
-    _finish_learners(platform, job_id, LearnerStatus.HALTED, "stopped for rescale")
-    _restart_at_new_size(platform, job_id)
+    if _stop_learners(platform, job_id, JobStatus.RESCALING, "stopped for rescale"):
+        _restart_at_new_size(platform, job_id)
 
 
 def _restart_at_new_size(platform: Platform, job_id: str) -> None:

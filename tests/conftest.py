@@ -1,3 +1,5 @@
+"""Fixtures shared by every test package: a real ffdl server on 127.0.0.1."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
