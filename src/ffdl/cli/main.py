@@ -28,6 +28,7 @@ from ffdl.cli.cluster import (
 from ffdl.cli.context import CliContext, ClientFactory, client_of, state_of
 from ffdl.cli.demo import demo_command
 from ffdl.cli.render import error_text, log_text, model_panel, models_table, status_change_text
+from ffdl.cli.simulate import simulate_command
 from ffdl.client.config import ConfigError
 from ffdl.client.http import ApiError, Client
 from ffdl.client.settings import ClientSettings
@@ -339,6 +340,7 @@ def version(ctx: typer.Context) -> None:
 app.command("demo")(demo_command)
 app.command("nodes")(nodes_command)
 app.command("queue")(queue_command)
+app.command("simulate")(simulate_command)
 app.command("drain")(drain_command)
 app.command("undrain")(undrain_command)
 app.add_typer(tenant_app, name="tenant")

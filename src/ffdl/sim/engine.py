@@ -2,7 +2,7 @@
 
 Owns time and bookkeeping; decisions belong to a policy (``ffdl.sim.policies``), which reads
 the state through this engine and acts through ``start``, ``preempt``, ``rescale``,
-``set_target`` and ``hold``, as the live loops act through the store.
+``resize`` and ``hold``, as the live loops act through the store.
 
 Events are job arrivals, learner exits reported by the fake backend (completions, halts),
 timer ticks and metric samples. All events at the same virtual time are handled together,
@@ -27,18 +27,17 @@ import bisect
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ffdl.backends.base import LaunchRequest
 from ffdl.backends.fake import FakeBackend, LearnerExit, LearnerScript
-from ffdl.core.errors import FfdlError
 from ffdl.core.resources import LearnerPlacement, Node, Placement
 from ffdl.core.status import LearnerStatus
 from ffdl.learner.spec import LearnerSpec
 from ffdl.scheduler.free import NodeFree
 from ffdl.scheduler.snapshot import QueuedJob, RunningJob
+from ffdl.sim.jobs import JobRecord, JobState, SimConfig, SimulationError
 from ffdl.sim.metrics import JobOutcome, Series, SimResult, fragmented_gpus
 from ffdl.sim.snapshots import FreeIndex
 from ffdl.sim.workload import SimJob
@@ -46,83 +45,10 @@ from ffdl.sim.workload import SimJob
 if TYPE_CHECKING:
     from ffdl.sim.policies import Policy
 
+__all__ = ["JobRecord", "JobState", "SimConfig", "SimulationError", "Simulator"]
+
 # Sample count aimed for when the sampling interval is chosen automatically.
 _TARGET_SAMPLES = 1500
-
-
-class SimulationError(FfdlError):
-    """The simulation reached an impossible state (e.g. a placement on GPUs in use)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    tick_s: float = 60.0
-    horizon_s: float | None = None  # stop at this virtual time (seconds since first arrival)
-    restart_s: float = 30.0  # no progress for this long after a preemption or rescale
-    checkpoint_s: float = 600.0  # periodic checkpoints; a preemption loses what came after
-    start_overhead_s: float = 0.0  # no progress for this long after every start
-    halt_s: float = 0.0  # a preempted job holds its GPUs this long while it checkpoints
-    sample_s: float | None = None  # metric sampling interval; None: about 1,500 samples
-    reductions: bool = True  # exact snapshot reductions (see ffdl.sim.policies)
-    max_passes_per_instant: int = 20
-
-    def __post_init__(self) -> None:
-        if self.tick_s <= 0:
-            raise ValueError("tick_s must be > 0")
-        for name in ("restart_s", "checkpoint_s", "start_overhead_s", "halt_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
-
-
-class JobState(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"  # the whole gang holds its resources and works
-    HALTING = "halting"  # still holds its resources while it checkpoints
-    DONE = "done"
-    REJECTED = "rejected"  # can never fit this cluster
-
-
-@dataclass(slots=True, eq=False)
-class JobRecord:
-    """The engine's state of one job."""
-
-    job: SimJob
-    elastic: bool  # whether the policy sizes this job (GPUs and batch) itself
-    gpus_per_learner: int
-    learners: int  # of the current placement, or what the job asks for while queued
-    batch: int
-    state: JobState = JobState.QUEUED
-    placement: Placement | None = None
-    handles: list[dict[str, Any]] = field(default_factory=list)
-    live_learners: int = 0
-    done: float = 0.0  # useful samples at the start of the current segment
-    rate: float = 0.0
-    started_at: float = 0.0
-    productive_from: float = 0.0
-    submitted: float = 0.0  # virtual time of arrival
-    first_start: float | None = None
-    finish: float | None = None
-    queued_since: float = 0.0
-    attempt: int = 0
-    restarts: int = 0
-    preemptions: int = 0
-    restart_cost_due: bool = False
-    target: tuple[int, int] | None = None  # (GPUs, batch) an elastic policy chose
-    held: list[LearnerPlacement] = field(default_factory=list)  # a partial gang
-    queued_view: QueuedJob | None = None
-    running_view: RunningJob | None = None
-
-    @property
-    def id(self) -> str:
-        return self.job.id
-
-    @property
-    def gpus(self) -> int:
-        return self.learners * self.gpus_per_learner
-
-    def progress(self, now: float) -> float:
-        productive = max(0.0, now - self.productive_from)
-        return min(self.job.work, self.done + self.rate * productive)
 
 
 @dataclass(slots=True)
@@ -263,25 +189,25 @@ class Simulator:
         kept = productive if interval <= 0 else math.floor(productive / interval) * interval
         record.done = min(record.job.work, record.done + record.rate * kept)
         record.preemptions += 1
-        self._halt(record)
+        self._halt(record, "preempt")
 
     def rescale(self, record: JobRecord, gpus: int, batch: int | None) -> None:
-        """Checkpoint a running job now and requeue it at ``gpus`` (0: just stop it)."""
-        if record.state != JobState.RUNNING:
+        """Checkpoint a running job now; it is requeued at ``gpus`` GPUs and ``batch``."""
+        if record.state != JobState.RUNNING or gpus <= 0:
             return
         record.done = record.progress(self.now)
-        record.target = (gpus, batch or record.job.model_family.base_batch) if gpus > 0 else None
-        self._halt(record)
+        record.resize_to = (gpus, batch or record.batch)
+        self._halt(record, "rescale")
 
-    def set_target(self, record: JobRecord, gpus: int | None, batch: int | None = None) -> None:
-        """Size a queued elastic job (None: the policy has not admitted it)."""
-        target = None if gpus is None or gpus <= 0 else (gpus, batch or record.batch)
-        if target == record.target:
+    def resize(self, record: JobRecord, gpus: int, batch: int | None = None) -> None:
+        """Change the size a queued job will be placed at (a gang of whole learners)."""
+        if record.state != JobState.QUEUED or gpus <= 0:
             return
-        record.target = target
-        if target is not None:
-            record.learners = max(target[0] // max(record.gpus_per_learner, 1), 1)
-            record.batch = target[1]
+        learners = max(gpus // max(record.gpus_per_learner, 1), 1)
+        if (learners, batch or record.batch) == (record.learners, record.batch):
+            return
+        record.learners = learners
+        record.batch = batch or record.batch
         record.queued_view = None
 
     def settle(self) -> None:
@@ -410,13 +336,13 @@ class Simulator:
         if record.state == JobState.REJECTED:
             return
         self._enqueue(record)
+        self._dirty = True
 
     def _enqueue(self, record: JobRecord) -> None:
         record.state = JobState.QUEUED
         record.queued_view = None
         self.queue[record.id] = record
         bisect.insort(self._order, (self.policy.queue_key(record.job), record.id))
-        self._dirty = True
 
     def _dequeue(self, record: JobRecord) -> None:
         del self.queue[record.id]
@@ -436,19 +362,21 @@ class Simulator:
                 continue
             status = exit_.result.get("status")
             self._release(record)
-            self._dirty = True
             if status == LearnerStatus.HALTED.value:
                 record.queued_since = self.now
-                if record.target is not None:
-                    record.learners = max(record.target[0] // max(record.gpus_per_learner, 1), 1)
-                    record.batch = record.target[1]
                 self._enqueue(record)
-            else:
-                record.done = (
-                    record.job.work if status == LearnerStatus.COMPLETED.value else record.done
-                )
-                record.finish = self.now
-                record.state = JobState.DONE
+                if record.resize_to is not None:
+                    self.resize(record, *record.resize_to)
+                    record.resize_to = None
+                # A rescale is the policy's own step, placed in the same pass; a preemption
+                # frees room for another job, so a pass must follow at once.
+                self._dirty = self._dirty or record.halting_for == "preempt"
+                continue
+            if status == LearnerStatus.COMPLETED.value:
+                record.done = record.job.work
+            record.finish = self.now
+            record.state = JobState.DONE
+            self._dirty = True
 
     # -- resources ---------------------------------------------------------------------
 
@@ -537,11 +465,13 @@ class Simulator:
             id=record.id,
             tenant=record.job.tenant,
             priority=self.policy.priority_of(record.job),
-            started_at=self.now,
+            # As the live loop: the first start, and elastic jobs shrink instead of halting.
+            started_at=self.now if record.first_start is None else record.first_start,
             learners=record.learners,
             per_learner=record.job.per_learner,
             placement=placement,
             expected_duration_s=expected,
+            preemptible=not record.elastic,
         )
         self.backend.script(record.id, LearnerScript(run_s=run_s, halt_s=self.config.halt_s))
         record.handles = [self._launch_learner(record, lp) for lp in placement.learners]
@@ -567,10 +497,11 @@ class Simulator:
         )
         return self.backend.launch(LaunchRequest(learner.node, learner.gpu_ids, spec))
 
-    def _halt(self, record: JobRecord) -> None:
+    def _halt(self, record: JobRecord, why: str) -> None:
         record.restarts += 1
         record.restart_cost_due = True
         record.state = JobState.HALTING
+        record.halting_for = why
         for handle in record.handles:
             self.backend.signal_halt(handle)
 

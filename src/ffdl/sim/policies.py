@@ -6,9 +6,14 @@
   backfill behind the head's reservation, preemption of lower-priority jobs).
 - ``elastic``: the live autoscaler's step, then the scheduler: ``autoscale()`` over the
   running elastic jobs and the queued ones, on the GPUs that non-elastic jobs do not hold;
-  its decisions on running jobs are checkpoint-restarts, a queued job it sizes is started at
-  that size (a gang of ``to_gpus / gpus_per_learner`` learners placed by ``schedule()``).
-  GPUs and batch size both change.
+  its decisions on running jobs are checkpoint-restarts, a queued job it sizes is placed at
+  that size (a gang of ``to_gpus / gpus_per_learner`` learners) by ``schedule()``, which sees
+  every queued job as the live scheduler does (an elastic job not sized yet at the size it
+  asked for). As in ``ffdl.server.loops.autoscaler``: the GPUs shared out are the cluster's
+  minus those of non-elastic jobs and of jobs in transition (halting, or within their
+  restart time), minus what a blocked higher-priority non-elastic job needs; a job
+  restarted less than ``min_rescale_interval_s`` ago keeps its size; shrinking a job to zero
+  is not applied; elastic jobs are never preempted. GPUs and batch size both change.
 - ``elastic-fixed-batch``: the same with ``fixed_batch=True``: GPUs change, the batch stays at
   the job's own (the elastic scaling paper's baseline).
 - ``gang``: ``schedule()`` with its defaults, named for the gang experiment.
@@ -33,7 +38,7 @@ from ffdl.scheduler.free import slots_for
 from ffdl.scheduler.placement import never_fits
 from ffdl.scheduler.policy import schedule
 from ffdl.scheduler.snapshot import QueuedJob
-from ffdl.sim.engine import JobRecord, JobState
+from ffdl.sim.jobs import JobRecord, JobState
 from ffdl.sim.snapshots import build_snapshot
 from ffdl.sim.workload import SimJob
 
@@ -83,20 +88,21 @@ class _Base:
 
     def admit(self, sim: Simulator, job: SimJob) -> JobRecord:
         elastic = self.elastic and job.elastic_gpus is not None and job.per_learner.gpus > 0
-        learners = job.learners
-        if elastic and job.elastic_gpus is not None:
-            learners = max(job.elastic_gpus[0] // job.per_learner.gpus, 1)
         record = JobRecord(
             job=job,
             elastic=elastic,
             gpus_per_learner=job.per_learner.gpus,
-            learners=learners,
+            learners=job.learners,
             batch=job.model_family.base_batch,
         )
-        if _never_fits(sim, learners, job.per_learner):
+        smallest = job.learners
+        if elastic and job.elastic_gpus is not None:
+            smallest = max(job.elastic_gpus[0] // job.per_learner.gpus, 1)
+        if _never_fits(sim, smallest, job.per_learner):
             record.state = JobState.REJECTED
-        elif elastic:
-            record.learners = job.learners  # what it asks for, until the autoscaler sizes it
+        elif _never_fits(sim, job.learners, job.per_learner):
+            # Too big as asked, but the autoscaler may start it smaller.
+            record.learners = smallest
         return record
 
     def wants_pass(self, sim: Simulator) -> bool:
@@ -121,9 +127,8 @@ class SchedulerPolicy(_Base):
     preemption: bool = True
 
     def decide(self, sim: Simulator) -> None:
-        scheduler_pass(
-            sim, list(sim.queued_in_order()), self.backfill, self.preemption, self.placement
-        )
+        records = list(sim.queued_in_order())
+        scheduler_pass(sim, records, self.backfill, self.preemption, self.placement)
 
 
 def scheduler_pass(
@@ -135,67 +140,103 @@ def scheduler_pass(
     )
     if built is None:
         return
-    snapshot, _window = built
     sim.scheduler_calls += 1
-    decisions = schedule(snapshot, backfill=backfill, preemption=preemption)
+    decisions = schedule(built.snapshot, backfill=backfill, preemption=preemption)
+    if built.optimistic and len(decisions.starts) < len(built.window):
+        sim.scheduler_calls += 1
+        decisions = schedule(built.full(sim), backfill=backfill, preemption=preemption)
     for preempt in decisions.preemptions:
         sim.preempt(sim.records[preempt.job_id])
     for start in decisions.starts:
-        record = sim.records[start.job_id]
-        batch = record.target[1] if record.elastic and record.target is not None else None
-        sim.start(record, start.placement, batch)
+        sim.start(sim.records[start.job_id], start.placement)
 
 
 @dataclass(slots=True)
 class ElasticPolicy(_Base):
-    """The autoscaler's step (GPUs and, unless ``fixed_batch``, batch size), then the scheduler."""
+    """The live autoscaler's step (GPUs and, unless ``fixed_batch``, batch size), then the
+    scheduler over every queued job, elastic ones at the size last chosen for them."""
 
     fixed_batch: bool = False
     restart_penalty: float = 0.1
     fairness_after_s: float = 600.0
+    min_rescale_interval_s: float = 120.0
 
     def wants_pass(self, sim: Simulator) -> bool:
         return bool(sim.queue) or any(r.elastic for r in sim.running.values())
 
     def decide(self, sim: Simulator) -> None:
-        candidates: list[Candidate] = []
-        capacity = sim.total_gpus
-        for record in sim.running.values():
-            if record.elastic and record.state == JobState.RUNNING:
-                candidates.append(Candidate(self._elastic_job(sim, record, running=True)))
-            else:
-                capacity -= record.gpus if record.placement is not None else 0
-        queued_elastic = [r for r in sim.queue.values() if r.elastic]
-        candidates.extend(
-            Candidate(self._elastic_job(sim, r, running=False)) for r in queued_elastic
-        )
-        if candidates:
-            sim.autoscale_calls += 1
-            decisions = autoscale(
-                candidates,
-                capacity,
-                restart_penalty=self.restart_penalty,
-                fixed_batch=self.fixed_batch,
-                fairness_after_s=self.fairness_after_s,
-                gpus_per_node=sim.gpus_per_node,
-            )
-            for record in queued_elastic:
-                sim.set_target(record, None)
-            for decision in decisions:
-                record = sim.records[decision.job_id]
-                if record.state == JobState.RUNNING:
-                    sim.rescale(record, decision.to_gpus, decision.to_batch)
-                elif record.state == JobState.QUEUED and decision.to_gpus > 0:
-                    sim.set_target(record, decision.to_gpus, decision.to_batch)
+        if self._autoscale(sim):
             sim.settle()
-        records = [r for r in sim.queued_in_order() if not r.elastic or r.target is not None]
-        scheduler_pass(sim, records, True, True, self.placement)
+        scheduler_pass(sim, list(sim.queued_in_order()), True, True, self.placement)
 
-    def _elastic_job(self, sim: Simulator, record: JobRecord, *, running: bool) -> ElasticJob:
+    def _autoscale(self, sim: Simulator) -> bool:
+        """One autoscaler pass, as ``ffdl.server.loops.autoscaler`` makes it; True if it
+        rescaled a running job."""
+        capacity = sim.total_gpus
+        held = 0
+        candidates: list[Candidate] = []
+        elastic_priorities: list[int] = []
+        for record in sim.running.values():
+            if record.placement is None:
+                continue
+            held += record.gpus
+            # Jobs halting or (re)starting are in transition: their GPUs are not shared out.
+            transition = record.state != JobState.RUNNING or sim.now < record.productive_from
+            if not record.elastic or transition:
+                capacity -= record.gpus
+                continue
+            elastic_priorities.append(self.priority_of(record.job))
+            recent = sim.now - record.productive_from < self.min_rescale_interval_s
+            candidates.append(Candidate(self._elastic_job(sim, record, True), hold=recent))
+        blocked: JobRecord | None = None
+        for record in sim.queued_in_order():
+            if record.elastic:
+                candidates.append(Candidate(self._elastic_job(sim, record, False)))
+            elif blocked is None:
+                blocked = record
+        if blocked is not None and elastic_priorities:
+            # Elastic jobs shrink to admit a blocked higher-priority job instead of it
+            # preempting them.
+            demand = blocked.gpus
+            if demand > sim.total_gpus - held and self.priority_of(blocked.job) > min(
+                elastic_priorities
+            ):
+                capacity -= demand
+        if not candidates:
+            return False
+        sim.autoscale_calls += 1
+        decisions = autoscale(
+            candidates,
+            capacity,
+            restart_penalty=self.restart_penalty,
+            fixed_batch=self.fixed_batch,
+            fairness_after_s=self.fairness_after_s,
+            gpus_per_node=sim.gpus_per_node,
+        )
+        rescaled = False
+        for decision in decisions:
+            record = sim.records[decision.job_id]
+            if decision.to_gpus <= 0:
+                continue
+            if record.state == JobState.QUEUED:
+                sim.resize(record, decision.to_gpus, decision.to_batch)
+            elif record.state == JobState.RUNNING:
+                sim.rescale(record, decision.to_gpus, decision.to_batch)
+                rescaled = True
+        return rescaled
+
+    def _elastic_job(self, sim: Simulator, record: JobRecord, running: bool) -> ElasticJob:
+        # A running job's view only changes when it restarts (its waited time stays 0).
+        if (
+            running
+            and isinstance(record.memo, ElasticJob)
+            and record.memo_attempt == record.attempt
+        ):
+            return record.memo
         job = record.job
         family = job.model_family
         assert job.elastic_gpus is not None
-        return ElasticJob(
+        view = ElasticJob(
             id=job.id,
             priority=self.priority_of(job),
             gpu_range=job.elastic_gpus,
@@ -207,8 +248,10 @@ class ElasticPolicy(_Base):
             current_gpus=record.gpus if running else 0,
             current_batch=record.batch if running else None,
             waited_s=0.0 if running else sim.now - record.queued_since,
-            remaining_samples=max(job.work - record.progress(sim.now), 0.0) if running else None,
         )
+        if running:
+            record.memo, record.memo_attempt = view, record.attempt
+        return view
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,17 +112,24 @@ def write_report(
     title: str,
     notes: str = "",
     plots: bool = True,
+    plot_groups: Mapping[str, Sequence[SimResult]] | None = None,
 ) -> list[Path]:
-    """Write the summary files (and plots) for ``results``; return the paths written."""
+    """Write the summary files (and plots) for ``results``; return the paths written.
+
+    ``plot_groups`` plots subsets apart (file names prefixed with each key), e.g. runs on
+    clusters of different sizes; by default every run is in one set of plots.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     written = [directory / "summary.md", directory / "summary.csv"]
     text = f"# {title}\n\n{markdown_table(results)}"
     if notes:
         text += f"\n{notes.strip()}\n"
     if plots and results:
-        images = plot_runs(results, directory)
-        written.extend(images)
-        text += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in images) + "\n"
+        groups = plot_groups if plot_groups is not None else {"": results}
+        for prefix, members in groups.items():
+            images = plot_runs(members, directory, prefix=prefix)
+            written.extend(images)
+            text += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in images) + "\n"
     written[0].write_text(text, encoding="utf-8")
     write_csv(results, written[1])
     return written
@@ -153,7 +160,7 @@ def _time_axis(results: Sequence[SimResult]) -> tuple[float, str]:
     return 60.0, "minutes"
 
 
-def plot_runs(results: Sequence[SimResult], directory: Path) -> list[Path]:
+def plot_runs(results: Sequence[SimResult], directory: Path, *, prefix: str = "") -> list[Path]:
     """Time-series plots and the JCT distribution for ``results``."""
     plt = _pyplot()
     scale, unit = _time_axis(results)
@@ -192,11 +199,11 @@ def plot_runs(results: Sequence[SimResult], directory: Path) -> list[Path]:
         axes.grid(alpha=0.3)
         axes.legend(fontsize=7, loc="best")
         figure.tight_layout()
-        path = directory / name
+        path = directory / f"{prefix}{name}"
         figure.savefig(path, dpi=DPI)
         plt.close(figure)
         paths.append(path)
-    paths.append(plot_jct(results, directory / "jct.png"))
+    paths.append(plot_jct(results, directory / f"{prefix}jct.png"))
     return paths
 
 
@@ -226,7 +233,7 @@ def plot_jct(results: Sequence[SimResult], path: Path) -> Path:
 def bar_chart(
     path: Path,
     groups: Sequence[str],
-    series: dict[str, Sequence[float]],
+    series: Mapping[str, Sequence[float]],
     *,
     ylabel: str,
     xlabel: str,

@@ -27,12 +27,20 @@ equal free GPUs in cluster order; so the snapshot keeps the nodes with some free
 the partly used ones, the first ``k`` entirely free ones (``k`` = learners in the window + 1,
 enough for every learner to get its own), and the running jobs on those nodes. The subset
 is used only when no job in the window would be judged unplaceable on it.
+
+Optimistic subset (every other policy). With backfill or preemption a job that does not fit
+makes the scheduler look at every running job (the head's reservation, victims), so the
+subset is exact only for passes in which every job of the window starts: each start is then
+the same placement on the subset as on the whole cluster, by the argument above. When the
+window's total demand fits what is free, the pass is first made on the subset; if any job
+of the window does not start, it is made again on the whole cluster and only that one counts.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ffdl.core.resources import Node
@@ -41,13 +49,33 @@ from ffdl.scheduler.queue import DEFAULT_AGING_THRESHOLD_S, has_aged
 from ffdl.scheduler.snapshot import RunningJob, Snapshot
 
 if TYPE_CHECKING:
-    from ffdl.sim.engine import JobRecord, Simulator
+    from ffdl.sim.engine import Simulator
+    from ffdl.sim.jobs import JobRecord
 
 _CPU_EPSILON = 1e-9
 
 
 def running_views(sim: Simulator) -> tuple[RunningJob, ...]:
     return tuple(r.running_view for r in sim.running.values() if r.running_view is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class PassInput:
+    """A snapshot for one pass. ``optimistic``: built on a node subset whose decisions hold
+    only if every job in it starts; otherwise the pass must be redone on ``full()``."""
+
+    snapshot: Snapshot
+    window: list[JobRecord]
+    optimistic: bool = False
+
+    def full(self, sim: Simulator) -> Snapshot:
+        return Snapshot(
+            now=self.snapshot.now,
+            nodes=sim.nodes,
+            queued=self.snapshot.queued,
+            running=running_views(sim),
+            default_placement=self.snapshot.default_placement,
+        )
 
 
 def build_snapshot(
@@ -57,13 +85,14 @@ def build_snapshot(
     backfill: bool,
     preemption: bool,
     placement: str,
-) -> tuple[Snapshot, list[JobRecord]] | None:
-    """The snapshot for a pass over ``records`` (queue order), and the records it holds;
-    None when no job in it could start or preempt."""
+) -> PassInput | None:
+    """The snapshot for a pass over ``records`` (queue order); None when no job in it could
+    start or preempt."""
     if not records:
         return None
     nodes: tuple[Node, ...] = sim.nodes
     running: tuple[RunningJob, ...] | None = None
+    optimistic = False
     if not sim.config.reductions:
         window = list(records)
     elif not backfill and not preemption:
@@ -73,6 +102,13 @@ def build_snapshot(
             nodes, running = subset
     else:
         window = _general_window(sim, records, backfill=backfill, preemption=preemption)
+        # When every job in the window fits what is free, the pass is most likely to start
+        # them all; that outcome is the same on the node subset (see the module docstring).
+        if window and _fit_totals(sim, window):
+            subset = _node_subset(sim, window)
+            if subset is not None:
+                nodes, running = subset
+                optimistic = True
     if not window:
         return None
     snapshot = Snapshot(
@@ -82,7 +118,17 @@ def build_snapshot(
         running=running_views(sim) if running is None else running,
         default_placement=placement,
     )
-    return snapshot, window
+    return PassInput(snapshot, window, optimistic)
+
+
+def _fit_totals(sim: Simulator, window: Sequence[JobRecord]) -> bool:
+    gpus, cpus, memory = sim.free_totals
+    for record in window:
+        total = sim.queued_view(record).total
+        gpus -= total.gpus
+        cpus -= total.cpus
+        memory -= total.memory_mb
+    return gpus >= 0 and cpus >= -_CPU_EPSILON and memory >= 0
 
 
 def _prefix_window(sim: Simulator, records: Sequence[JobRecord]) -> list[JobRecord]:
@@ -104,7 +150,11 @@ def _general_window(
 ) -> list[JobRecord]:
     gpus, cpus, memory = sim.free_totals
     lowest_running = min(
-        (r.running_view.priority for r in sim.running.values() if r.running_view is not None),
+        (
+            r.running_view.priority
+            for r in sim.running.values()
+            if r.running_view is not None and r.running_view.preemptible
+        ),
         default=None,
     )
     window = []

@@ -55,12 +55,13 @@ class ModelFamily:
     base_batch: int
     batch_range: tuple[int, int] | None
     noise_scale: float | None = None  # gradient noise scale in samples; None: E(b) = 1
+    grad_stats: GradientStats | None = field(init=False, default=None, compare=False)
 
-    @property
-    def grad_stats(self) -> GradientStats | None:
-        if self.noise_scale is None:
-            return None
-        return GradientStats(sq_norm=1.0, variance=self.noise_scale)
+    def __post_init__(self) -> None:
+        if self.noise_scale is not None:
+            # The statistics whose noise scale is ``noise_scale`` (|G|^2 = 1).
+            stats = GradientStats(sq_norm=1.0, variance=self.noise_scale)
+            object.__setattr__(self, "grad_stats", stats)
 
     def rate(self, gpus: int, batch: int, nodes: int) -> float:
         """Useful samples per second at ``gpus`` GPUs, global batch ``batch``, on ``nodes``."""

@@ -1,0 +1,91 @@
+"""Speed and memory of the cluster simulator on the whole Philly trace, against 60 s for FIFO.
+
+The trace (82,247 jobs, ``data/philly-jobs.csv``) runs on 1,024 GPUs (128 nodes x 8 GPUs)
+under ``fifo`` and under ``elastic``, each in a fresh process so that its peak memory (the
+process's maximum resident set, interpreter and numpy included) is its own. Printed side by
+side: wall time of the run (loading the trace excluded, and shown apart), peak memory, the
+number of scheduler and autoscaler calls, and the virtual time covered. The goal of 60 s
+applies to FIFO on two cores; the elastic policy solves the elastic optimizer at every
+arrival and completion, and has no goal.
+
+Run: ``python benchmarks/bench_simulator.py [--sample 0.1] [--policies fifo,elastic]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import resource
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+GOAL_S = 60.0
+NODES, GPUS_PER_NODE = 128, 8
+POLICIES = ("fifo", "elastic")
+
+
+def run_one(policy: str, sample: float) -> dict[str, float]:
+    """One simulation in this process; its figures (peak memory: this process's)."""
+    from ffdl.core.resources import Node
+    from ffdl.sim.engine import Simulator
+    from ffdl.sim.philly import TraceFilter, load_philly
+    from ffdl.sim.policies import make_policy
+
+    started = time.perf_counter()
+    nodes = [Node(f"node-{i:03d}", GPUS_PER_NODE, 64.0, 512 * 1024) for i in range(NODES)]
+    jobs = load_philly(
+        where=TraceFilter(sample=sample), gpus_per_node=GPUS_PER_NODE, max_gpus=NODES * 8
+    )
+    loaded = time.perf_counter()
+    result = Simulator(nodes, jobs, make_policy(policy)).run()
+    finished = time.perf_counter()
+    summary = result.summary()
+    return {
+        "jobs": float(len(jobs)),
+        "load_s": loaded - started,
+        "wall_s": finished - loaded,
+        "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "scheduler_calls": float(result.scheduler_calls),
+        "autoscale_calls": float(result.autoscale_calls),
+        "virtual_days": result.end_s / 86400.0,
+        "completed": summary["completed"],
+        "avg_jct_h": summary["avg_jct_s"] / 3600.0,
+    }
+
+
+def run_isolated(policy: str, sample: float) -> dict[str, float]:
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(run_one, policy, sample).result()
+
+
+def main(sample: float = 1.0, policies: tuple[str, ...] = POLICIES) -> dict[str, float]:
+    figures = {policy: run_isolated(policy, sample) for policy in policies}
+    header = (
+        f"{'policy':<10} {'jobs':>7} {'wall s':>8} {'goal s':>7} {'ratio':>6} {'peak MiB':>9} "
+        f"{'sched calls':>11} {'autoscale':>10} {'virtual d':>9} {'avg JCT h':>9} {'load s':>6}"
+    )
+    print(header)
+    for policy, f in figures.items():
+        goal = f"{GOAL_S:>7.0f}" if policy == "fifo" else f"{'-':>7}"
+        ratio = f"{f['wall_s'] / GOAL_S:>5.2f}x" if policy == "fifo" else f"{'-':>6}"
+        print(
+            f"{policy:<10} {f['jobs']:>7,.0f} {f['wall_s']:>8.1f} {goal} {ratio} "
+            f"{f['peak_mib']:>9.0f} {f['scheduler_calls']:>11,.0f} {f['autoscale_calls']:>10,.0f} "
+            f"{f['virtual_days']:>9.1f} {f['avg_jct_h']:>9.2f} {f['load_s']:>6.1f}"
+        )
+    if "fifo" in figures and "elastic" in figures:
+        fifo, elastic = figures["fifo"], figures["elastic"]
+        print(
+            f"elastic / fifo: wall {elastic['wall_s'] / fifo['wall_s']:.1f}x, "
+            f"peak memory {elastic['peak_mib'] / fifo['peak_mib']:.2f}x"
+        )
+    return {f"{policy}_{key}": value for policy, f in figures.items() for key, value in f.items()}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sample", type=float, default=1.0, help="fraction of the trace")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated")
+    args = parser.parse_args()
+    main(args.sample, tuple(p for p in args.policies.split(",") if p))
