@@ -197,3 +197,25 @@ def test_high_priority_arrival_shrinks_an_elastic_job_instead_of_preempting(
     finally:
         server.stop()
         server.kill_learners()
+
+
+def test_elastic_schedule_resizes_the_job_at_the_given_epoch(elastic_server: LiveServer) -> None:
+    server = elastic_server
+    manifest = manifest_yaml(
+        "python steps.py",
+        elastic={
+            "gpus": {"min": 1, "max": 4},
+            "batch_size": {"min": 64, "max": 256},
+            "schedule": [{"at_epoch": 0, "gpus": 1}, {"at_epoch": 30, "gpus": 3}],
+        },
+    )
+    job_id = server.submit_ok(manifest, {"steps.py": ELASTIC_STEPS.replace("TOTAL", "400")})
+    _wait_learners(server, job_id, 1)
+    wait_for(lambda: _reported_steps(server, job_id) >= 30, timeout=60, what="epoch 30")
+    model = _wait_learners(server, job_id, 3)
+    rescales = [e for e in model["events"] if e["to"] == "RESCALING"]
+    assert rescales and "1→3" in rescales[-1]["reason"], [e["reason"] for e in model["events"]]
+    wait_for(lambda: len(_starts(server, job_id)) >= 2, what="the restart on 3 learners")
+    starts = _starts(server, job_id)
+    assert [n for n, _, _ in starts][:2] == [1, 3] and starts[1][2] >= 30, starts
+    server.client.delete(f"/v1/models/{job_id}")

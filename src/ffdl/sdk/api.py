@@ -11,7 +11,7 @@ from __future__ import annotations
 from ffdl.sdk.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from ffdl.sdk.context import JobContext, context
 from ffdl.sdk.control import install_stop_handler, should_stop
-from ffdl.sdk.metrics import report
+from ffdl.sdk.metrics import report, report_gradient_stats
 
 __all__ = [
     "JobContext",
@@ -20,6 +20,7 @@ __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
     "report",
+    "report_gradient_stats",
     "save_checkpoint",
     "should_stop",
 ]

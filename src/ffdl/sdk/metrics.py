@@ -90,3 +90,20 @@ def report(
         # appending. No fsync: metrics are advisory and reporting must stay cheap.
         with path.open("a", encoding="utf-8") as stream:
             stream.write(line)
+
+
+GRADIENT_GROUP = "gradient"
+
+
+def report_gradient_stats(sq_norm: float, variance: float, *, step: int | None = None) -> None:
+    """Report gradient statistics so the platform can value larger batches honestly.
+
+    ``sq_norm`` is the squared norm of the true (large-batch) gradient, ``variance`` the
+    trace of the per-sample gradient covariance; their ratio is the gradient noise scale.
+    ``ffdl.elastic.efficiency.estimate_gradient_stats`` computes both from the learners'
+    local gradient norms and the averaged one. Without these reports the platform treats
+    every batch size in the job's range as equally efficient.
+    """
+    if _metric_value("sq_norm", sq_norm) <= 0 or _metric_value("variance", variance) < 0:
+        raise ValueError("sq_norm must be > 0 and variance >= 0")
+    report(step=step, group=GRADIENT_GROUP, sq_norm=sq_norm, variance=variance)

@@ -1,7 +1,8 @@
 """The autoscaler loop: resize elastic jobs, and move work off drained nodes.
 
 Each pass snapshots the cluster and the elastic jobs, learns every job's throughput model
-from the sample counts its learners report, and hands the pure ``autoscale`` (the same
+from the sample counts its learners report (and its gradient noise scale from the gradient
+statistics it reports, when it does), and hands the pure ``autoscale`` (the same
 function the simulator calls) the GPUs elastic jobs may share: the schedulable GPUs minus
 those held by non-elastic jobs and by elastic jobs already in transition, minus the GPUs a
 blocked higher-priority job is waiting for (so elastic jobs shrink to admit it). Decisions
@@ -26,9 +27,11 @@ from ffdl.core.manifest import Manifest
 from ffdl.core.resources import Placement
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.elastic.autoscale import Candidate, autoscale
+from ffdl.elastic.efficiency import GradientStats
 from ffdl.elastic.optimizer import ElasticJob
 from ffdl.elastic.plan import RescaleDecision, apply_schedule
 from ffdl.elastic.throughput import StepObservation, ThroughputModel, fit, prior
+from ffdl.sdk.metrics import GRADIENT_GROUP
 from ffdl.server.loops.scheduler import PREEMPTED
 from ffdl.server.platform import Platform
 from ffdl.server.services.nodes import effective_nodes
@@ -46,6 +49,7 @@ _TRANSITIONING = frozenset(
     }
 )
 _MAX_OBSERVATIONS = 200
+_GRADIENT_WINDOW = 20
 
 
 @dataclass
@@ -80,7 +84,9 @@ class AutoscalerLoop:
                 .order_by(Job.priority.desc(), Job.submitted_at)
                 .limit(1)
             ).first()
-            epochs = self._epochs(session, [j.id for j in jobs if j.elastic])
+            elastic_ids = [j.id for j in jobs if j.elastic]
+            epochs = self._epochs(session, elastic_ids)
+            gradients = gradient_stats(session, elastic_ids)
             for job in jobs:
                 if job.elastic and job.status == JobStatus.PROCESSING.value:
                     self._learn(session, job)
@@ -93,14 +99,18 @@ class AutoscalerLoop:
         for job in jobs:
             gpus = job.gpus * job.learners
             if job.status == JobStatus.QUEUED.value:
-                candidates.append(self._candidate(job, 0, now, epochs.get(job.id)))
+                candidates.append(
+                    self._candidate(job, 0, now, epochs.get(job.id), gradients.get(job.id))
+                )
                 continue
             held += gpus
             if not job.elastic or job.status in _TRANSITIONING or _on(job, drained):
                 capacity -= gpus
                 continue
             running_elastic_priorities.append(job.priority)
-            candidates.append(self._candidate(job, gpus, now, epochs.get(job.id)))
+            candidates.append(
+                self._candidate(job, gpus, now, epochs.get(job.id), gradients.get(job.id))
+            )
         if queued_fixed is not None and running_elastic_priorities:
             demand = queued_fixed.learners * queued_fixed.gpus
             free = sum(n.gpus for n in nodes if n.schedulable) - held
@@ -121,7 +131,14 @@ class AutoscalerLoop:
 
     # -- inputs ----------------------------------------------------------------------------
 
-    def _candidate(self, job: Job, gpus: int, now: float, epoch_now: int | None) -> Candidate:
+    def _candidate(
+        self,
+        job: Job,
+        gpus: int,
+        now: float,
+        epoch_now: int | None,
+        grad_stats: GradientStats | None,
+    ) -> Candidate:
         manifest = Manifest.from_dict(job.manifest)
         elastic = manifest.elastic
         assert elastic is not None
@@ -152,6 +169,7 @@ class AutoscalerLoop:
                 base_batch=base_batch,
                 gpus_per_learner=per,
                 model=learned.model if learned else prior(),
+                grad_stats=grad_stats,
                 current_gpus=gpus,
                 current_batch=(job.batch_size or base_batch) if gpus else None,
                 waited_s=0.0 if gpus else max(now - epoch(job.status_changed_at), 0.0),
@@ -269,6 +287,34 @@ class AutoscalerLoop:
                 changed = True
         if changed:
             self._platform.wakeups.notify("lcm", "scheduler")
+
+
+def gradient_stats(session: Any, job_ids: list[str]) -> dict[str, GradientStats]:
+    """Each job's gradient statistics, averaged over its last reports (single steps are noisy)."""
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        select(Metric.job_id, Metric.values)
+        .where(Metric.job_id.in_(job_ids), Metric.group == GRADIENT_GROUP)
+        .order_by(Metric.id.desc())
+        .limit(_GRADIENT_WINDOW * len(job_ids))
+    ).all()
+    sums: dict[str, list[float]] = {}
+    for job_id, values in rows:
+        sq_norm, variance = values.get("sq_norm"), values.get("variance")
+        if sq_norm is None or variance is None:
+            continue
+        acc = sums.setdefault(job_id, [0.0, 0.0, 0.0])
+        if acc[2] >= _GRADIENT_WINDOW:
+            continue
+        acc[0] += float(sq_norm)
+        acc[1] += float(variance)
+        acc[2] += 1
+    return {
+        job_id: GradientStats(sq_norm=acc[0] / acc[2], variance=acc[1] / acc[2])
+        for job_id, acc in sums.items()
+        if acc[0] > 0
+    }
 
 
 def _on(job: Job, nodes: set[str]) -> bool:
