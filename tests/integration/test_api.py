@@ -60,6 +60,24 @@ def test_bad_archive_and_oversized_job_are_rejected(server: LiveServer) -> None:
     assert _jobs_on_disk(server) == []
 
 
+def test_a_data_store_type_that_cannot_be_staged_is_refused(server: LiveServer) -> None:
+    manifest = manifest_yaml(
+        "true",
+        data_stores=[
+            {
+                "id": "cos",
+                "type": "s3",
+                "training_data": {"container": "in"},
+                "connection": {"auth_url": "http://127.0.0.1:1", "user_name": "u"},
+            }
+        ],
+    )
+    response = server.submit(manifest)
+    assert response.status_code == 400
+    assert response.json()["detail"]["field"] == "data_stores[0].type"
+    assert _jobs_on_disk(server) == []
+
+
 def test_requests_without_a_valid_token_are_refused(server: LiveServer) -> None:
     assert httpx.get(f"{server.url}/v1/models").status_code == 401
     response = httpx.get(f"{server.url}/v1/models", headers={"Authorization": "Bearer nope"})

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import insert
 
-from ffdl.core.errors import PayloadTooLarge, UnschedulableError
+from ffdl.core.errors import ManifestError, PayloadTooLarge, UnschedulableError
 from ffdl.core.manifest import Manifest, parse_manifest
 from ffdl.core.status import JobStatus
 from ffdl.scheduler.policy import never_fits
@@ -25,6 +25,9 @@ from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.snapshots import queued_job_from_manifest
 from ffdl.server.store.models import Event, Job
 from ffdl.server.store.transitions import utcnow
+
+# Data store types the learners' controllers can stage today.
+STAGEABLE_STORES = ("local", "mount_volume")
 
 
 def new_job_id() -> str:
@@ -51,6 +54,13 @@ def submit_job(
             f"model_definition is {len(archive)} bytes; the limit is {settings.max_archive_bytes}"
         )
     manifest = parse_manifest(manifest_bytes)
+    for index, store in enumerate(manifest.data_stores):
+        if store.type not in STAGEABLE_STORES:
+            raise ManifestError(
+                f"data_stores[{index}].type",
+                f"{store.type!r} stores are not available on this platform yet; "
+                f"use one of {', '.join(STAGEABLE_STORES)}",
+            )
     job_id = new_job_id()
     reason = never_fits(
         queued_job_from_manifest(job_id, principal.tenant_id, manifest, 0.0),
