@@ -7,7 +7,6 @@ whatever happens, including Ctrl-C, the child is stopped before the command retu
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shlex
 import signal
@@ -129,7 +128,6 @@ def start_server(argv: Sequence[str], home: Path, port: int) -> subprocess.Popen
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
             # Outside the terminal's process group: Ctrl-C reaches only the demo, which then
             # stops the platform in order.
             start_new_session=True,
@@ -291,13 +289,14 @@ def run_demo(
     home = home.expanduser().absolute()
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
-    argv = server_argv or [sys.executable, "-m", "ffdl.cli.main", "up"]
+    # -u: unbuffered, so server.log shows the platform's output as it happens.
+    argv = server_argv or [sys.executable, "-u", "-m", "ffdl.cli.main", "up"]
     server = start_server(argv, home, port)
     try:
         token = wait_until_ready(server, url, home, console, health_deadline_s)
         console.print(f"Platform ready at {url} (log: {home / 'server.log'})")
-        dashboard = f"{url}/#token={token}"
-        console.print(f"Dashboard, live while the demo runs: {dashboard}")
+        # soft_wrap: the terminal wraps the link, so it stays one piece to copy.
+        console.print(f"Dashboard, live while the demo runs: {url}/#token={token}", soft_wrap=True)
         with Client(url, token) as client:
             created = client.submit(manifest, example)
             model_id = str(created.get("model_id"))
@@ -312,7 +311,7 @@ def run_demo(
                 test_accuracy=outcome.test_accuracy,
                 results_location=results.get("location"),
                 download_hint=_download_hint(home, port, model_id),
-                dashboard_url=dashboard,
+                dashboard_url=f"{url}/ (token in {home / 'client.json'})",
                 docs_url=f"{url}/docs",
             )
         )
