@@ -29,6 +29,7 @@ from ffdl.server.services.archive import unpack_archive
 from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.services.placing import place_alone
+from ffdl.server.services.queries import current_learners
 from ffdl.server.store.models import DeployStep, Job, Learner
 from ffdl.server.store.transitions import set_job_status, set_learner_status, utcnow
 
@@ -265,12 +266,9 @@ def _live_learners(platform: Platform, job_id: str) -> list[tuple[int, dict[str,
         job = session.get(Job, job_id)
         if job is None:
             return []
-        rows = session.scalars(
-            select(Learner).where(Learner.job_id == job_id, Learner.attempt == job.attempt)
-        ).all()
         return [
             (lr.index, dict(lr.handle or {}))
-            for lr in rows
+            for lr in current_learners(session, job)
             if LearnerStatus(lr.status) not in TERMINAL_LEARNER_STATES
         ]
 
@@ -309,11 +307,7 @@ def halt(platform: Platform, job_id: str) -> None:
         job = session.get(Job, job_id)
         if job is None or job.status != JobStatus.HALTING.value:
             return
-        learners = list(
-            session.scalars(
-                select(Learner).where(Learner.job_id == job_id, Learner.attempt == job.attempt)
-            )
-        )
+        learners = current_learners(session, job)
         if learners:
             aggregate_job(session, job, learners)
         else:
@@ -333,11 +327,7 @@ def _restart_at_new_size(platform: Platform, job_id: str) -> None:
         job = session.get(Job, job_id)
         if job is None or job.status != JobStatus.RESCALING.value:
             return
-        learners = list(
-            session.scalars(
-                select(Learner).where(Learner.job_id == job_id, Learner.attempt == job.attempt)
-            )
-        )
+        learners = current_learners(session, job)
         if any(LearnerStatus(lr.status) not in TERMINAL_LEARNER_STATES for lr in learners):
             return
         failed = [lr for lr in learners if lr.status == LearnerStatus.FAILED.value]
@@ -395,9 +385,7 @@ def _finish_learners(platform: Platform, job_id: str, target: LearnerStatus, rea
         job = session.get(Job, job_id)
         if job is None:
             return
-        for lr in session.scalars(
-            select(Learner).where(Learner.job_id == job_id, Learner.attempt == job.attempt)
-        ):
+        for lr in current_learners(session, job):
             if lr.index in still_running:
                 continue
             if LearnerStatus(lr.status) not in TERMINAL_LEARNER_STATES:

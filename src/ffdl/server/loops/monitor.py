@@ -26,6 +26,7 @@ from ffdl.core.status import (
 )
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job
+from ffdl.server.services.queries import current_learners
 from ffdl.server.store.models import Job, Learner
 from ffdl.server.store.transitions import set_learner_status, utcnow
 
@@ -153,10 +154,6 @@ def _settle(
                 error_code=error_code,
             )
         if learner.attempt == job.attempt:
-            learners = list(
-                session.scalars(
-                    select(Learner).where(Learner.job_id == job.id, Learner.attempt == job.attempt)
-                )
-            )
+            learners = current_learners(session, job)
             aggregate_job(session, job, learners)
     return True

@@ -58,13 +58,21 @@ def resume_job(platform: Platform, principal: Principal, job_id: str) -> None:
     platform.wakeups.notify("scheduler")
 
 
-def set_priority(platform: Platform, principal: Principal, job_id: str, priority: Any) -> None:
-    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 100:
+def _int_in_range(value: Any, field: str, low: int, high: int | None = None) -> int:
+    """``value`` as an int within [low, high], or a 400 naming ``field``."""
+    in_range = isinstance(value, int) and value >= low and (high is None or value <= high)
+    if isinstance(value, bool) or not in_range:
+        bounds = f"from {low} to {high}" if high is not None else f">= {low}"
         raise BadRequest(
-            f"priority must be an integer from 0 to 100, got {priority!r}",
+            f"{field} must be an integer {bounds}, got {value!r}",
             code="C104",
-            detail={"field": "priority"},
+            detail={"field": field},
         )
+    return int(value)
+
+
+def set_priority(platform: Platform, principal: Principal, job_id: str, priority: Any) -> None:
+    priority = _int_in_range(priority, "priority", 0, 100)
     with platform.store.write() as session:
         job = load_job(session, principal, job_id)
         if is_terminal(JobStatus(job.status)):
@@ -75,12 +83,7 @@ def set_priority(platform: Platform, principal: Principal, job_id: str, priority
 
 def scale_job(platform: Platform, principal: Principal, job_id: str, gpus: Any) -> None:
     """Pin an elastic job to ``gpus`` GPUs in total; the autoscaler carries it out."""
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise BadRequest(
-            f"gpus must be a positive integer, got {gpus!r}",
-            code="C104",
-            detail={"field": "gpus"},
-        )
+    gpus = _int_in_range(gpus, "gpus", 1)
     with platform.store.write() as session:
         job = load_job(session, principal, job_id)
         if is_terminal(JobStatus(job.status)):

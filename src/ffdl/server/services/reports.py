@@ -17,6 +17,7 @@ from ffdl.core.errors import AuthError, Gone, IllegalTransition, NotFound
 from ffdl.core.status import TERMINAL_LEARNER_STATES, JobStatus, LearnerStatus, is_terminal
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job
+from ffdl.server.services.queries import current_learners
 from ffdl.server.store.models import Job, Learner, LogLine, Metric
 from ffdl.server.store.transitions import set_learner_status, utcnow
 
@@ -96,11 +97,7 @@ def ingest_reports(
         if fresh:
             learner.report_seq = fresh[-1].seq
         if status_changed:
-            learners = list(
-                session.scalars(
-                    select(Learner).where(Learner.job_id == job_id, Learner.attempt == job.attempt)
-                )
-            )
+            learners = current_learners(session, job)
             aggregate_job(session, job, learners)
         terminal = is_terminal(JobStatus(job.status))
         ack = ReportAck(
