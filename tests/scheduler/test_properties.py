@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ffdl.core.resources import LearnerPlacement, Node, Placement, Resources
 from ffdl.scheduler.policy import Plan, never_fits, plan
-from ffdl.scheduler.quota import borrowing_jobs
+from ffdl.scheduler.quota import overdrafts
 from ffdl.scheduler.snapshot import (
     Decisions,
     QueuedJob,
@@ -257,15 +257,33 @@ def assert_valid(snapshot: Snapshot, result: Plan) -> None:
         assert room[0] >= 0 and room[1] >= -1e-9 and room[2] >= 0
 
     running = {r.id: r for r in snapshot.running}
-    borrowers = borrowing_jobs(snapshot.quotas, snapshot.running)
+    borrowing = overdrafts(snapshot.quotas, snapshot.running)
     victims = [p.job_id for p in decisions.preemptions]
     assert len(victims) == len(set(victims))
     for preempt in decisions.preemptions:
         victim, by = running[preempt.job_id], by_id[preempt.by]
         assert victim.preemptible
-        assert victim.priority < by.priority or victim.id in borrowers
+        assert victim.priority < by.priority or victim.tenant in borrowing
         assert preempt.reason.startswith(f"preempted by {by.id}")
         assert preempt.by in waiting
+    # Preemptors in turn: what only borrowing made eligible leaves each tenant at its quota.
+    taken: dict[str, list[RunningJob]] = {}
+    for preemptor in dict.fromkeys(p.by for p in decisions.preemptions):
+        anyway: dict[str, list[RunningJob]] = {}
+        borrowed: dict[str, list[RunningJob]] = {}
+        for preempt in decisions.preemptions:
+            victim = running[preempt.job_id]
+            if preempt.by == preemptor and victim.tenant in borrowing:
+                only_borrowing = victim.priority >= by_id[preemptor].priority
+                (borrowed if only_borrowing else anyway).setdefault(victim.tenant, []).append(
+                    victim
+                )
+        for tenant, jobs in borrowed.items():
+            before = [*taken.get(tenant, ()), *anyway.get(tenant, ())]
+            assert borrowing[tenant].allows(before, jobs)
+        for side in (anyway, borrowed):
+            for tenant, jobs in side.items():
+                taken.setdefault(tenant, []).extend(jobs)
     for preemptor in {p.by for p in decisions.preemptions}:
         mine = {p.job_id for p in decisions.preemptions if p.by == preemptor}
         assert fits(by_id[preemptor], free_after(snapshot, decisions, mine), snapshot.nodes)

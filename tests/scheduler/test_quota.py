@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ffdl.core.resources import LearnerPlacement, Node, Placement, Resources
 from ffdl.scheduler.policy import plan, schedule
-from ffdl.scheduler.quota import QuotaBook, borrowing_jobs
+from ffdl.scheduler.quota import QuotaBook, overdrafts
 from ffdl.scheduler.snapshot import QueuedJob, RunningJob, Snapshot, TenantQuota
 
 NOW = 10_000.0
@@ -60,15 +60,78 @@ def test_quota_reasons_name_the_limit() -> None:
     assert book.over_quota(queued("x", "nobody-limits-me", 99)) is None
 
 
-def test_borrowers_are_the_jobs_started_last_beyond_the_quota() -> None:
-    quotas = {"a": TenantQuota("a", max_gpus=4)}
+def test_overdrafts_name_the_quota_a_tenant_exceeds() -> None:
+    quotas = {"a": TenantQuota("a", max_gpus=4), "b": TenantQuota("b", max_running_jobs=1)}
     jobs = (
         running("first", "a", "n0", (0, 1), started=1.0),
         running("second", "a", "n0", (2, 3), started=2.0),
         running("third", "a", "n1", (0,), started=3.0),
         running("other", "b", "n1", (1, 2, 3), started=0.0),
+        running("free", "c", "n2", (0,), started=0.0),
     )
-    assert borrowing_jobs(quotas, jobs) == {"third": "tenant a is over its quota of 4 GPUs"}
+    found = overdrafts(quotas, jobs)
+    assert list(found) == ["a"]
+    assert (found["a"].jobs, found["a"].gpus) == (3, 5)
+    assert found["a"].reason == "tenant a is over its quota of 4 GPUs"
+
+
+def test_an_overdraft_allows_taking_back_only_what_was_borrowed() -> None:
+    quotas = {"a": TenantQuota("a", max_gpus=4, max_running_jobs=2)}
+    one, two, three = (
+        running("one", "a", "n0", (0,)),
+        running("two", "a", "n0", (1, 2)),
+        running("three", "a", "n1", (0, 1, 2)),
+    )
+    overdraft = overdrafts(quotas, (one, two, three))["a"]  # 3 jobs and 6 GPUs
+    assert overdraft.allows([], [])
+    assert overdraft.allows([], [three])  # 3 jobs: over both quotas
+    # One at a time, largest last: without "one", 2 jobs and 5 GPUs are still over 4 GPUs.
+    assert overdraft.allows([], [one, three])
+    # Without "two" (or "three") first, the tenant holds 4 GPUs or fewer: within quota.
+    assert not overdraft.allows([], [two, three])
+    assert overdraft.allows([one], [two])  # "one" taken anyway: 5 GPUs left, still over
+    assert not overdraft.allows([two], [one])  # "two" taken anyway: 4 GPUs left, within
+    assert not overdraft.allows([one, two], [three])
+
+
+def test_reclaim_takes_the_borrowing_tenants_job_where_room_is_needed() -> None:
+    # Tenant a may run 2 jobs and runs 3. Reclaiming the one started last would free half
+    # of n0; reclaiming the one alone on n1 frees a whole node.
+    quotas = {"a": TenantQuota("a", max_running_jobs=2)}
+    busy = (
+        running("a-first", "a", "n0", (0, 1), started=1.0),
+        running("a-alone", "a", "n1", (0, 1), started=2.0),
+        running("a-last", "a", "n0", (2, 3), started=3.0),
+    )
+    decisions = schedule(Snapshot(NOW, nodes(4, 4), (queued("b", "b", 4),), busy, quotas))
+    assert [p.job_id for p in decisions.preemptions] == ["a-alone"]
+    assert decisions.preemptions[0].reason == (
+        "preempted by b to reclaim capacity it borrowed (tenant a is over its quota of 2 "
+        "running jobs)"
+    )
+
+
+def test_reclaim_never_takes_a_tenant_below_its_quota() -> None:
+    quotas = {"a": TenantQuota("a", max_running_jobs=1)}
+    busy = (running("a1", "a", "n0", (0, 1)), running("a2", "a", "n0", (2, 3)))
+    decisions = schedule(Snapshot(NOW, nodes(4), (queued("b", "b", 4),), busy, quotas))
+    assert decisions.preemptions == ()
+    # A lower-priority job of the same tenant is taken by priority; then nothing is left
+    # borrowed, so the other cannot be reclaimed on top.
+    busy = (running("a1", "a", "n0", (0, 1), priority=10), running("a2", "a", "n0", (2, 3)))
+    decisions = schedule(Snapshot(NOW, nodes(4), (queued("b", "b", 4),), busy, quotas))
+    assert decisions.preemptions == ()
+
+
+def test_preemptors_of_one_pass_together_reclaim_no_more_than_was_borrowed() -> None:
+    quotas = {"a": TenantQuota("a", max_running_jobs=1)}
+    busy = (
+        running("a1", "a", "n0", (0, 1), started=1.0),
+        running("a2", "a", "n1", (0, 1), started=2.0),  # started last: preferred
+    )
+    jobs = (queued("b1", "b", 2, at=1), queued("b2", "b", 2, at=2))
+    decisions = schedule(Snapshot(NOW, nodes(2, 2), jobs, busy, quotas))
+    assert [(p.job_id, p.by) for p in decisions.preemptions] == [("a2", "b1")]
 
 
 def test_over_quota_job_borrows_idle_capacity_when_nobody_within_quota_waits() -> None:

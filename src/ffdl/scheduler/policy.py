@@ -63,7 +63,7 @@ from ffdl.scheduler.queue import (
     plural,
     queue_order,
 )
-from ffdl.scheduler.quota import QuotaBook, borrowing_jobs
+from ffdl.scheduler.quota import QuotaBook, overdrafts
 from ffdl.scheduler.snapshot import (
     Decisions,
     Preempt,
@@ -161,7 +161,7 @@ class _Pass:
         self.state = FreeState(snapshot.nodes, snapshot.running)
         self.shape = ClusterShape(snapshot.nodes)
         self.quota = QuotaBook(snapshot.quotas, snapshot.running, snapshot.typical_duration_s)
-        self.borrowers = borrowing_jobs(snapshot.quotas, snapshot.running)
+        self.overdrafts = overdrafts(snapshot.quotas, snapshot.running)
         self._victim_index: VictimIndex | None = None  # built on first preemption
         self.order = queue_order(snapshot.queued)
         self.schedulable = {n.name for n in snapshot.nodes if n.schedulable}
@@ -370,7 +370,7 @@ class _Pass:
         if len(self.holds) >= self.max_preemptors:
             return False
         if self._victim_index is None:
-            self._victim_index = VictimIndex(self.snap.running, self.borrowers)
+            self._victim_index = VictimIndex(self.snap.running, self.overdrafts)
         policy = effective_policy(job, self.snap.default_placement)
         hold = preempt_for(job, policy, self.state, self._victim_index)
         if hold is None:

@@ -3,9 +3,10 @@
 Owns the victim rules:
 
 - Only ``preemptible`` running jobs, never one already chosen by another preemptor in the
-  same pass, and never one of equal or higher priority than the preemptor, except jobs
-  running on capacity *borrowed* beyond their tenant's quota, which any job within its
-  quota may reclaim (that is what borrowing means).
+  same pass, and never one of equal or higher priority than the preemptor, except jobs of
+  a tenant running beyond its quota on *borrowed* capacity, which any job within its quota
+  may reclaim (that is what borrowing means): any of that tenant's jobs, as long as all the
+  pass takes from it leaves it no lower than its quota (``quota.Overdraft``).
 - Borrowers go first: if reclaiming borrowed capacity alone makes room, only borrowers are
   chosen. Otherwise borrowers and lower-priority jobs are considered together.
 - The fewest victims; among sets of that size, the preference order decides: borrowers,
@@ -28,7 +29,7 @@ minimum there (beyond that it is a close, not a proven, minimum).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from operator import attrgetter
@@ -37,6 +38,7 @@ from typing import NamedTuple
 from ffdl.core.resources import Resources
 from ffdl.scheduler.free import CapacityView, FreeState, node_slots, slots_for
 from ffdl.scheduler.placement import find_nodes
+from ffdl.scheduler.quota import Overdraft
 from ffdl.scheduler.snapshot import QueuedJob, RunningJob
 
 # Victims tried one by one, most preferred first, before searching node by node.
@@ -139,7 +141,11 @@ class Candidate(NamedTuple):
     """A running job that may be preempted (a tuple: a pass makes one per running job)."""
 
     job: RunningJob
-    borrowing: str | None = None  # the quota it exceeds, when it runs on borrowed capacity
+    borrowing: str | None = None  # the quota its tenant exceeds, when it borrows capacity
+
+
+# Whether a set of victims takes back no more than their tenants borrowed.
+_Allowed = Callable[[Sequence[Candidate]], bool]
 
 
 class VictimIndex:
@@ -149,10 +155,15 @@ class VictimIndex:
     keeps a victim from being chosen twice.
     """
 
-    def __init__(self, running: Iterable[RunningJob], borrowers: dict[str, str]) -> None:
+    def __init__(self, running: Iterable[RunningJob], overdrafts: Mapping[str, Overdraft]) -> None:
         # Preference: borrowers, then lowest priority, then most recently started, then id
         # (stable sorts on one key each, least significant first).
-        self.ordered = [Candidate(j, borrowers.get(j.id)) for j in running if j.preemptible]
+        self.overdrafts = overdrafts
+        self.ordered = [
+            Candidate(j, overdraft.reason if (overdraft := overdrafts.get(j.tenant)) else None)
+            for j in running
+            if j.preemptible
+        ]
         self.ordered.sort(key=attrgetter("job.id"))
         self.ordered.sort(key=attrgetter("job.started_at"), reverse=True)
         self.ordered.sort(key=attrgetter("job.priority"))
@@ -162,6 +173,7 @@ class VictimIndex:
         # Priorities along ``ordered``; borrowers read as below any priority (they come first).
         self.ordered_priorities = [-1 if c.borrowing else c.job.priority for c in self.ordered]
         self.chosen: set[str] = set()
+        self.reclaimed: dict[str, list[RunningJob]] = {}  # per borrowing tenant, this pass
         self.usage: dict[str, _Usage] = {}
         # Per node, largest first then most preferred: (-gpus, -cpus, -memory, rank, id,
         # candidate, gpus, cpus, memory); ranks are unique, so tuples sort without ties.
@@ -189,7 +201,28 @@ class VictimIndex:
         return bisect_left(self.ordered_priorities, job.priority, lo=self.borrowing_count)
 
     def mark_chosen(self, victims: Iterable[Candidate]) -> None:
-        self.chosen.update(c.job.id for c in victims)
+        for candidate in victims:
+            self.chosen.add(candidate.job.id)
+            if candidate.borrowing:
+                self.reclaimed.setdefault(candidate.job.tenant, []).append(candidate.job)
+
+    def _takes_only_borrowed(self, job: QueuedJob, victims: Sequence[Candidate]) -> bool:
+        """Whether the victims that only borrowing makes eligible (priority not below
+        ``job``'s) leave each tenant no lower than its quota. Victims taken anyway, by
+        priority or by earlier preemptors, count as gone first."""
+        earlier: dict[str, list[RunningJob]] = {}
+        borrowed: dict[str, list[RunningJob]] = {}
+        for candidate in victims:
+            if candidate.borrowing:
+                only_borrowing = candidate.job.priority >= job.priority
+                side = borrowed if only_borrowing else earlier
+                side.setdefault(candidate.job.tenant, []).append(candidate.job)
+        return all(
+            self.overdrafts[tenant].allows(
+                [*self.reclaimed.get(tenant, ()), *earlier.get(tenant, ())], jobs
+            )
+            for tenant, jobs in borrowed.items()
+        )
 
     def choose(self, job: QueuedJob, view: CapacityView) -> tuple[Candidate, ...] | None:
         """The victims to preempt so that ``job`` fits on ``view``, or None if no set does."""
@@ -198,19 +231,25 @@ class VictimIndex:
             return None
         evaluator = _Evaluator(view, job)
         usage = self.usage
+
+        def allowed(victims: Sequence[Candidate]) -> bool:
+            return self._takes_only_borrowed(job, victims)
+
         # Borrowers first: only if reclaiming them cannot make room, everyone eligible.
         for end in sorted({self.borrowing_count, eligible_end} - {0}):
             tier = self.ordered[:end]
-            single = _single(evaluator, tier, usage, self.chosen)
+            single = _single(evaluator, tier, usage, self.chosen, allowed)
             if single is not None:
                 return (single,)  # one victim is the fewest, and the first is preferred
-            chosen = self._by_nodes(job, evaluator, end)
-            if chosen is None:
+            found = self._by_nodes(job, evaluator, end)
+            if found is None:
                 remaining = [c for c in tier if c.job.id not in self.chosen]
                 if not remaining or not _all_fit(evaluator, remaining, usage):
                     continue
-                chosen = _in_order(evaluator, remaining, usage)
-            chosen = _without_spare(evaluator, chosen, usage)
+                found = _in_order(evaluator, remaining, usage)
+            # Checked once spare victims are dropped: a smaller set takes less from a tenant.
+            found = _without_spare(evaluator, found, usage)
+            chosen = found if allowed(found) else None
             helpful: list[Candidate] = []
             for candidate in tier:
                 if candidate.job.id not in self.chosen and evaluator.helps(usage[candidate.job.id]):
@@ -218,7 +257,10 @@ class VictimIndex:
                     if len(helpful) > EXACT_SEARCH_CANDIDATES:
                         break
             if len(helpful) <= EXACT_SEARCH_CANDIDATES:
-                chosen = _exhaustive(evaluator, helpful, usage, len(chosen)) or chosen
+                upto = len(found) if chosen is not None else len(helpful)
+                chosen = _exhaustive(evaluator, helpful, usage, upto, allowed) or chosen
+            if chosen is None:
+                continue
             return tuple(sorted(chosen, key=lambda c: self.rank[c.job.id]))
         return None
 
@@ -280,12 +322,13 @@ def _single(
     tier: Sequence[Candidate],
     usage: dict[str, _Usage],
     chosen: Container[str],
+    allowed: _Allowed,
 ) -> Candidate | None:
     """The most preferred victim that makes room on its own, looking only at the first
     ``SINGLE_VICTIM_SCAN`` candidates (the search by node covers the rest)."""
     looked = 0
     for candidate in tier:
-        if candidate.job.id in chosen:
+        if candidate.job.id in chosen or not allowed((candidate,)):
             continue
         looked += 1
         if looked > SINGLE_VICTIM_SCAN:
@@ -342,15 +385,22 @@ def _without_spare(
 
 
 def _exhaustive(
-    evaluator: _Evaluator, tier: Sequence[Candidate], usage: dict[str, _Usage], upto: int
+    evaluator: _Evaluator,
+    tier: Sequence[Candidate],
+    usage: dict[str, _Usage],
+    upto: int,
+    allowed: _Allowed,
 ) -> list[Candidate] | None:
-    """The first set in preference order, of the smallest size up to ``upto``, that fits."""
+    """The first allowed set in preference order, of the smallest size up to ``upto``, that
+    fits."""
     budget = EXACT_SEARCH_BUDGET
     for size in range(1, upto + 1):
         for combo in combinations(tier, size):
             budget -= 1
             if budget < 0:
                 return None
+            if not allowed(combo):
+                continue
             for candidate in combo:
                 evaluator.add(usage[candidate.job.id])
             fits = evaluator.fits()

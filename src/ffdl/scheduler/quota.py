@@ -2,15 +2,16 @@
 
 Owns the rules for ``TenantQuota`` (``max_gpus``: GPUs held by running jobs plus the job
 being started; ``max_running_jobs``: running jobs plus that one). A tenant without an entry
-is unlimited. Jobs that run beyond their tenant's quota are *borrowing* idle capacity; for
-running jobs this is derived from start order: walking a tenant's running jobs from the
-oldest start, the ones that push its usage past the quota are the borrowers (so no extra
-flag needs to be stored).
+is unlimited. A tenant whose running jobs exceed its quota is *borrowing* idle capacity. What
+it borrowed is an amount, not particular jobs: any of its jobs may be reclaimed as long as,
+taken back one at a time, the tenant is still over its quota before each (``Overdraft``).
+Which job started last says nothing about where the capacity a preemptor needs lies, so
+no job is singled out and no flag needs to be stored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ffdl.scheduler.queue import plural
@@ -25,30 +26,51 @@ class TenantUsage:
     holdings: list[tuple[float | None, int]] = field(default_factory=list)
 
 
-def borrowing_jobs(
+@dataclass(frozen=True, slots=True)
+class Overdraft:
+    """A tenant running beyond its quota, with what it holds."""
+
+    quota: TenantQuota
+    jobs: int
+    gpus: int
+    reason: str  # the quota it exceeds, in words
+
+    def allows(self, earlier: Sequence[RunningJob], borrowed: Sequence[RunningJob]) -> bool:
+        """Whether, after ``earlier`` (jobs of this tenant taken back anyway) are gone, taking
+        back ``borrowed`` too takes only borrowed capacity: removed one at a time, largest
+        last, the tenant is still over its quota before each."""
+        if not borrowed:
+            return True
+        quota = self.quota
+        jobs_before_last = self.jobs - len(earlier) - len(borrowed) + 1
+        if quota.max_running_jobs is not None and jobs_before_last > quota.max_running_jobs:
+            return True
+        sizes = [job.total.gpus for job in borrowed]
+        gone = sum(job.total.gpus for job in earlier) + sum(sizes)
+        return quota.max_gpus is not None and self.gpus - gone + max(sizes) > quota.max_gpus
+
+
+def overdrafts(
     quotas: Mapping[str, TenantQuota], running: Iterable[RunningJob]
-) -> dict[str, str]:
-    """Running jobs beyond their tenant's quota, with the quota they exceed in words."""
-    by_tenant: dict[str, list[RunningJob]] = {}
+) -> dict[str, Overdraft]:
+    """Per tenant running beyond its quota, what it holds and which quota it exceeds."""
+    held: dict[str, list[int]] = {}
     for job in running:
         if job.tenant in quotas:
-            by_tenant.setdefault(job.tenant, []).append(job)
-    borrowers: dict[str, str] = {}
-    for tenant, jobs in by_tenant.items():
+            jobs_and_gpus = held.setdefault(job.tenant, [0, 0])
+            jobs_and_gpus[0] += 1
+            jobs_and_gpus[1] += job.total.gpus
+    found: dict[str, Overdraft] = {}
+    for tenant, (jobs, gpus) in held.items():
         quota = quotas[tenant]
-        gpus = 0
-        for count, job in enumerate(sorted(jobs, key=lambda j: (j.started_at, j.id)), start=1):
-            gpus += job.total.gpus
-            if quota.max_running_jobs is not None and count > quota.max_running_jobs:
-                borrowers[job.id] = (
-                    f"tenant {tenant} is over its quota of "
-                    f"{plural(quota.max_running_jobs, 'running job')}"
-                )
-            elif quota.max_gpus is not None and gpus > quota.max_gpus:
-                borrowers[job.id] = (
-                    f"tenant {tenant} is over its quota of {plural(quota.max_gpus, 'GPU')}"
-                )
-    return borrowers
+        if quota.max_running_jobs is not None and jobs > quota.max_running_jobs:
+            limit = plural(quota.max_running_jobs, "running job")
+        elif quota.max_gpus is not None and gpus > quota.max_gpus:
+            limit = plural(quota.max_gpus, "GPU")
+        else:
+            continue
+        found[tenant] = Overdraft(quota, jobs, gpus, f"tenant {tenant} is over its quota of {limit}")
+    return found
 
 
 class QuotaBook:
