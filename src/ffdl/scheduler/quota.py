@@ -69,7 +69,8 @@ def overdrafts(
             limit = plural(quota.max_gpus, "GPU")
         else:
             continue
-        found[tenant] = Overdraft(quota, jobs, gpus, f"tenant {tenant} is over its quota of {limit}")
+        reason = f"tenant {tenant} is over its quota of {limit}"
+        found[tenant] = Overdraft(quota, jobs, gpus, reason)
     return found
 
 
