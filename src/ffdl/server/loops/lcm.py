@@ -175,6 +175,8 @@ def build_spec(
         "NUM_LEARNERS": str(len(placement.learners)),
         "TRAINING_ID": job_id,
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in me.gpu_ids) if real_gpus else "",
+        # GPU ids are nvidia-smi's (PCI bus order); CUDA's default order is fastest first.
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "FFDL_GPUS": str(manifest.gpus * len(placement.learners)),
     }
     if len(placement.learners) > 1 and master_port is not None:

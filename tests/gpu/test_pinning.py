@@ -1,0 +1,132 @@
+"""GPU pinning on real NVIDIA devices: discovery, one learner per GPU, CPU jobs see none.
+
+Skipped on machines without ``nvidia-smi`` and a GPU (CI has none). The learners import
+torch and run a matrix product on the device they were given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ffdl.backends.gpus import GpuInfo, detect_gpus
+from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, wait_for
+
+GPUS = detect_gpus()
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not GPUS, reason="needs an NVIDIA GPU (nvidia-smi found none)"),
+]
+
+# Waits for a release file so that the test decides when the GPUs are given back.
+PROBE = """
+import json, os, time
+import torch
+
+count = torch.cuda.device_count()
+info = {
+    "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "order": os.environ.get("CUDA_DEVICE_ORDER"),
+    "count": count,
+}
+if count:
+    props = torch.cuda.get_device_properties(0)
+    x = torch.randn(2048, 2048, device="cuda")
+    info.update(uuid=str(props.uuid), name=props.name, product=float((x @ x).abs().sum()))
+print("PROBE " + json.dumps(info), flush=True)
+deadline = time.monotonic() + 120
+while not os.path.exists(RELEASE) and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[LiveServer]:
+    """A server whose local backend reports this host's real GPUs (no declared nodes)."""
+    config = {key: value for key, value in FAST_CONFIG.items() if key != "nodes"}
+    live = LiveServer(home=tmp_path / "home", config=config)
+    live.start()
+    try:
+        yield live
+    finally:
+        live.stop()
+        live.kill_learners()
+
+
+def _probe_job(release: Path, gpus: int) -> tuple[str, dict[str, str]]:
+    script = PROBE.replace("RELEASE", repr(str(release)))
+    return manifest_yaml("python probe.py", gpus=gpus, memory="2GiB"), {"probe.py": script}
+
+
+def _probe(server: LiveServer, job_id: str) -> dict[str, Any] | None:
+    for item in server.loglines(job_id):
+        if item["line"].startswith("PROBE "):
+            result: dict[str, Any] = json.loads(item["line"][len("PROBE ") :])
+            return result
+    return None
+
+
+def _bare(uuid: str) -> str:
+    return uuid.removeprefix("GPU-")
+
+
+def _by_index() -> dict[int, GpuInfo]:
+    return {gpu.index: gpu for gpu in GPUS}
+
+
+def test_the_local_node_reports_this_hosts_gpus(host: LiveServer) -> None:
+    nodes = host.client.get("/v1/nodes").json()["nodes"]
+    assert len(nodes) == 1
+    assert nodes[0]["gpus"] == len(GPUS)
+    assert nodes[0]["gpu_type"] == GPUS[0].name
+
+
+def test_each_learner_sees_only_its_own_gpu_and_the_next_job_waits(
+    host: LiveServer, tmp_path: Path
+) -> None:
+    release = tmp_path / "release"
+    manifest, files = _probe_job(release, gpus=1)
+    ids = [host.submit_ok(manifest, files) for _ in range(len(GPUS) + 1)]
+    running, extra = ids[:-1], ids[-1]
+
+    def probed() -> dict[str, dict[str, Any]] | None:
+        found = {job_id: _probe(host, job_id) for job_id in running}
+        return found if all(found.values()) else None  # type: ignore[return-value]
+
+    probes: dict[str, dict[str, Any]] = wait_for(probed, timeout=120, what="probes on every GPU")
+    waiting = host.model(extra)
+    assert waiting["training"]["training_status"]["status"] == "QUEUED"
+    assert "GPU" in waiting["queue"]["reason"], waiting["queue"]
+    seen = set()
+    for job_id, probe in probes.items():
+        pinned = host.model(job_id)["placement"][0]["gpu_ids"]
+        assert len(pinned) == 1
+        gpu = _by_index()[pinned[0]]
+        assert probe["count"] == 1
+        assert probe["visible"] == str(gpu.index)
+        assert probe["order"] == "PCI_BUS_ID"
+        assert _bare(probe["uuid"]) == _bare(gpu.uuid), (probe, gpu)
+        seen.add(probe["uuid"])
+    assert len(seen) == len(GPUS), "two learners were given the same GPU"
+
+    release.touch()
+    for job_id in ids:
+        host.wait_status(job_id, {"COMPLETED"}, timeout=120)
+    last = _probe(host, extra)
+    assert last is not None and last["count"] == 1
+
+
+def test_a_job_without_gpus_sees_no_device(host: LiveServer, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    release.touch()
+    manifest, files = _probe_job(release, gpus=0)
+    job_id = host.submit_ok(manifest, files)
+    host.wait_status(job_id, {"COMPLETED"}, timeout=120)
+    probe = _probe(host, job_id)
+    assert probe is not None
+    assert probe["count"] == 0 and probe["visible"] == ""
