@@ -7,15 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.live import LiveServer
+from tests.integration.live import LiveServer, serving
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[LiveServer]:
-    live = LiveServer(home=tmp_path / "home")
-    live.start()
-    try:
+    with serving(LiveServer(home=tmp_path / "home")) as live:
         yield live
-    finally:
-        live.stop()
-        live.kill_learners()

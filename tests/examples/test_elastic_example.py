@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.live import FAST_CONFIG, LiveServer, wait_for
+from tests.integration.live import FAST_CONFIG, LiveServer, serving, wait_for
 
 pytest.importorskip("torch")
 pytest.importorskip("sklearn.datasets")
@@ -82,13 +82,8 @@ def one_node_server(tmp_path: Path) -> Iterator[LiveServer]:
         "min_rescale_interval_s": 3600,
         "halt_grace_s": 10,
     }
-    live = LiveServer(home=tmp_path / "home", config=config)
-    live.start()
-    try:
+    with serving(LiveServer(home=tmp_path / "home", config=config)) as live:
         yield live
-    finally:
-        live.stop()
-        live.kill_learners()
 
 
 def submit_example(server: LiveServer) -> str:

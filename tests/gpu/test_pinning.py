@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ffdl.backends.gpus import GpuInfo, detect_gpus
-from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, wait_for
+from tests.integration.live import HOST_CONFIG, LiveServer, manifest_yaml, serving, wait_for
 
 GPUS = detect_gpus()
 
@@ -48,14 +48,8 @@ while not os.path.exists(RELEASE) and time.monotonic() < deadline:
 @pytest.fixture
 def host(tmp_path: Path) -> Iterator[LiveServer]:
     """A server whose local backend reports this host's real GPUs (no declared nodes)."""
-    config = {key: value for key, value in FAST_CONFIG.items() if key != "nodes"}
-    live = LiveServer(home=tmp_path / "home", config=config)
-    live.start()
-    try:
+    with serving(LiveServer(home=tmp_path / "home", config=HOST_CONFIG)) as live:
         yield live
-    finally:
-        live.stop()
-        live.kill_learners()
 
 
 def _probe_job(release: Path, gpus: int) -> tuple[str, dict[str, str]]:

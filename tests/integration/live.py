@@ -13,7 +13,7 @@ import sys
 import textwrap
 import time
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ FAST_CONFIG: dict[str, Any] = {
     "report_deadline_s": 60.0,
     "nodes": [{"name": "node-a", "gpus": 4, "cpus": 16, "memory": "32GiB", "gpu_type": "cpu"}],
 }
+# The same without declared nodes: the local backend reports this host and its GPUs.
+HOST_CONFIG: dict[str, Any] = {key: value for key, value in FAST_CONFIG.items() if key != "nodes"}
 
 
 def free_port() -> int:
@@ -217,11 +219,15 @@ def pid_alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def running_server(home: Path, **config: Any) -> Any:
-    server = LiveServer(home=home, config={**FAST_CONFIG, **config})
+def serving(server: LiveServer) -> Iterator[LiveServer]:
+    """Start ``server``; on the way out stop it and kill every controller it started."""
     server.start()
     try:
         yield server
     finally:
         server.stop()
         server.kill_learners()
+
+
+def running_server(home: Path, **config: Any) -> contextlib.AbstractContextManager[LiveServer]:
+    return serving(LiveServer(home=home, config={**FAST_CONFIG, **config}))

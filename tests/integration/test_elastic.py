@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, wait_for
+from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, serving, wait_for
 
 TWO_NODES = [
     {"name": "node-a", "gpus": 2, "cpus": 8, "memory": "16GiB", "gpu_type": "cpu"},
@@ -55,11 +55,8 @@ def elastic_server(tmp_path: Path) -> Any:
         "min_rescale_interval_s": 3600,
         "halt_grace_s": 5,
     }
-    live = LiveServer(home=tmp_path / "home", config=config)
-    live.start()
-    yield live
-    live.stop()
-    live.kill_learners()
+    with serving(LiveServer(home=tmp_path / "home", config=config)) as live:
+        yield live
 
 
 def _starts(server: LiveServer, job_id: str) -> list[tuple[int, int, int]]:
@@ -176,9 +173,7 @@ def test_high_priority_arrival_shrinks_an_elastic_job_instead_of_preempting(
         "min_rescale_interval_s": 1,
         "halt_grace_s": 5,
     }
-    server = LiveServer(home=tmp_path / "home", config=config)
-    server.start()
-    try:
+    with serving(LiveServer(home=tmp_path / "home", config=config)) as server:
         manifest, files = elastic_job(2000, priority=10)
         elastic_id = server.submit_ok(manifest, files)
         grown = _wait_learners(server, elastic_id, 4)  # idle GPUs: the autoscaler grows it
@@ -194,9 +189,6 @@ def test_high_priority_arrival_shrinks_an_elastic_job_instead_of_preempting(
         shrinks = [e for e in model["events"] if e["to"] == "RESCALING" and "4→" in e["reason"]]
         assert shrinks, [e["reason"] for e in model["events"]]
         server.client.delete(f"/v1/models/{elastic_id}")
-    finally:
-        server.stop()
-        server.kill_learners()
 
 
 def test_elastic_schedule_resizes_the_job_at_the_given_epoch(elastic_server: LiveServer) -> None:

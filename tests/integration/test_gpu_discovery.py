@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ffdl.backends.gpus import GpuInfo, detect_gpus
-from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, wait_for
+from tests.integration.live import HOST_CONFIG, LiveServer, manifest_yaml, serving, wait_for
 
 ANSWER = """\
 0, NVIDIA H100 80GB HBM3, 81559, GPU-11111111-2222-3333-4444-555555555555
@@ -57,14 +57,8 @@ def test_a_failing_nvidia_smi_means_no_gpus(
 
 @pytest.fixture
 def host(two_gpus: Path, tmp_path: Path) -> Iterator[LiveServer]:
-    config = {key: value for key, value in FAST_CONFIG.items() if key != "nodes"}
-    live = LiveServer(home=tmp_path / "home", config=config)
-    live.start()
-    try:
+    with serving(LiveServer(home=tmp_path / "home", config=HOST_CONFIG)) as live:
         yield live
-    finally:
-        live.stop()
-        live.kill_learners()
 
 
 ENV_PROBE = """

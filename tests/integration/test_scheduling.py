@@ -10,7 +10,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.live import FAST_CONFIG, LiveServer, code_zip, manifest_yaml, wait_for
+from tests.integration.live import (
+    FAST_CONFIG,
+    LiveServer,
+    code_zip,
+    manifest_yaml,
+    serving,
+    wait_for,
+)
 
 EIGHT_GPUS = [
     {
@@ -59,11 +66,9 @@ def steps_job(total: int, **fields: Any) -> tuple[str, dict[str, str]]:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LiveServer]:
-    live = LiveServer(home=tmp_path / "home", config={**FAST_CONFIG, "nodes": EIGHT_GPUS})
-    live.start()
-    yield live
-    live.stop()
-    live.kill_learners()
+    config = {**FAST_CONFIG, "nodes": EIGHT_GPUS}
+    with serving(LiveServer(home=tmp_path / "home", config=config)) as live:
+        yield live
 
 
 def _status(model: dict[str, Any]) -> str:
