@@ -163,6 +163,7 @@ def main() -> int:
     torch.manual_seed(SEED)
     torch.set_num_threads(min(2, available_cpus()))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"training on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}")
 
     train_x, train_y, test_x, test_y = split_and_standardise(*load_images_and_labels(job.data_dir))
     model = DigitsCNN().to(device)
