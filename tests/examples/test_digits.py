@@ -15,19 +15,13 @@ from typing import Any
 
 import pytest
 
+from ffdl.sdk.context import DIRECTORY_VARIABLES
+
 torch = pytest.importorskip("torch")
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
 numpy = pytest.importorskip("numpy")
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "digits" / "train.py"
-JOB_DIRECTORIES = {
-    "DATA_DIR": "data",
-    "RESULT_DIR": "results",
-    "MODEL_DIR": "model",
-    "LOG_DIR": "logs",
-    "CHECKPOINT_DIR": "checkpoints",
-    "JOB_STATE_DIR": "state",
-}
 INHERITED_SDK_VARIABLES = ("FFDL_EMETRICS_FILE", "FFDL_BATCH_SIZE", "FFDL_GPUS")
 
 
@@ -41,7 +35,7 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 
 @pytest.fixture
 def job_dirs(tmp_path: Path) -> dict[str, Path]:
-    directories = {name: tmp_path / sub for name, sub in JOB_DIRECTORIES.items()}
+    directories = {name: tmp_path / sub for name, sub in DIRECTORY_VARIABLES.items()}
     directories["DATA_DIR"].mkdir()
     return directories
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from ffdl.sdk.context import DIRECTORY_VARIABLES
 from tests.integration.live import FAST_CONFIG, LiveServer, serving, wait_for
 
 pytest.importorskip("torch")
@@ -27,14 +28,6 @@ EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "elastic"
 EPOCHS = 30
 BASE_LR, BASE_BATCH = 2e-3, 64
 ACCURACY_TOLERANCE = 0.01
-JOB_DIRECTORIES = {
-    "DATA_DIR": "data",
-    "RESULT_DIR": "results",
-    "MODEL_DIR": "model",
-    "LOG_DIR": "logs",
-    "CHECKPOINT_DIR": "checkpoints",
-    "JOB_STATE_DIR": "state",
-}
 # A parent process's platform variables must not leak into the baseline learner.
 PLATFORM_VARIABLES = ("FFDL_EMETRICS_FILE", "FFDL_BATCH_SIZE", "FFDL_GPUS", "WORLD_SIZE", "RANK")
 CONFIG_LINE = re.compile(
@@ -45,7 +38,7 @@ CONFIG_LINE = re.compile(
 
 def run_baseline(root: Path) -> dict[str, Any]:
     """Train uninterrupted as a single learner would be started, and return metrics.json."""
-    directories = {name: root / sub for name, sub in JOB_DIRECTORIES.items()}
+    directories = {name: root / sub for name, sub in DIRECTORY_VARIABLES.items()}
     for path in directories.values():
         path.mkdir(parents=True)
     environment = {k: v for k, v in os.environ.items() if k not in PLATFORM_VARIABLES}

@@ -46,16 +46,20 @@ def elastic_job(total_steps: int, **extra: Any) -> tuple[str, dict[str, str]]:
     return manifest, {"steps.py": ELASTIC_STEPS.replace("TOTAL", str(total_steps))}
 
 
-@pytest.fixture
-def elastic_server(tmp_path: Path) -> Any:
-    config = {
+def elastic_config(min_rescale_interval_s: float) -> dict[str, Any]:
+    return {
         **FAST_CONFIG,
         "nodes": TWO_NODES,
         "autoscaler_interval_s": 0.5,
-        "min_rescale_interval_s": 3600,
+        "min_rescale_interval_s": min_rescale_interval_s,
         "halt_grace_s": 5,
     }
-    with serving(LiveServer(home=tmp_path / "home", config=config)) as live:
+
+
+@pytest.fixture
+def elastic_server(tmp_path: Path) -> Any:
+    # A job keeps a new size for an hour, so the autoscaler does not undo what a test asks.
+    with serving(LiveServer(home=tmp_path / "home", config=elastic_config(3600))) as live:
         yield live
 
 
@@ -166,14 +170,7 @@ def test_drain_moves_jobs_off_the_node_without_failing_any(elastic_server: LiveS
 def test_high_priority_arrival_shrinks_an_elastic_job_instead_of_preempting(
     tmp_path: Path,
 ) -> None:
-    config = {
-        **FAST_CONFIG,
-        "nodes": TWO_NODES,
-        "autoscaler_interval_s": 0.5,
-        "min_rescale_interval_s": 1,
-        "halt_grace_s": 5,
-    }
-    with serving(LiveServer(home=tmp_path / "home", config=config)) as server:
+    with serving(LiveServer(home=tmp_path / "home", config=elastic_config(1))) as server:
         manifest, files = elastic_job(2000, priority=10)
         elastic_id = server.submit_ok(manifest, files)
         grown = _wait_learners(server, elastic_id, 4)  # idle GPUs: the autoscaler grows it

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ffdl.backends.base import Backend, LaunchRequest, LearnerState
-from ffdl.backends.fake import FakeBackend, LearnerScript
+from ffdl.backends.fake import FakeBackend, LearnerScript, fake_request
 from ffdl.core.resources import Node
-from ffdl.learner.spec import LearnerSpec
 
 NODES = [Node("node-a", 4, 16.0, 65536), Node("node-b", 4, 16.0, 65536)]
 
@@ -15,24 +14,7 @@ NODES = [Node("node-a", 4, 16.0, 65536), Node("node-b", 4, 16.0, 65536)]
 def request(
     training_id: str, learner: int = 1, attempt: int = 1, node: str = "node-a"
 ) -> LaunchRequest:
-    spec = LearnerSpec(
-        training_id=training_id,
-        learner=learner,
-        num_learners=2,
-        attempt=attempt,
-        api_url="http://127.0.0.1:1",
-        job_token="t",
-        command="true",
-        workdir="/tmp",
-        env={},
-        data=[],
-        results_source=None,
-        results_target=None,
-        emetrics_file=None,
-        metric_groups={},
-        state_dir="/tmp",
-    )
-    return LaunchRequest(node, (learner - 1,), spec)
+    return fake_request(node, (learner - 1,), training_id, learner, 2, attempt)
 
 
 def test_is_a_backend_and_reports_its_nodes() -> None:

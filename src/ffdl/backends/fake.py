@@ -19,7 +19,8 @@ What a learner does is a ``LearnerScript`` (run N virtual seconds then exit with
 until halted, ignore halts), set per job or per learner with ``script`` before the launch.
 Time moves only when the owner calls ``advance``/``advance_to``, which return the learner
 exits that happened, in time order; ``next_exit_at`` says when the next one is due so an
-event loop can jump straight to it.
+event loop can jump straight to it. ``fake_request`` builds the launch request of a learner
+that runs nothing, which is all this backend reads of it.
 """
 
 from __future__ import annotations
@@ -32,8 +33,38 @@ from typing import Any
 from ffdl.backends.base import Handle, LaunchRequest, LearnerState, PollResult
 from ffdl.core.resources import Node
 from ffdl.core.status import ErrorCode, LearnerStatus
+from ffdl.learner.spec import LearnerSpec
 
 _Key = tuple[str, int, int]  # (training id, learner, attempt)
+
+
+def fake_request(
+    node: str,
+    gpu_ids: tuple[int, ...],
+    training_id: str,
+    learner: int,
+    num_learners: int,
+    attempt: int,
+) -> LaunchRequest:
+    """A launch request for a learner of this backend: identity and placement only."""
+    spec = LearnerSpec(
+        training_id=training_id,
+        learner=learner,
+        num_learners=num_learners,
+        attempt=attempt,
+        api_url="http://127.0.0.1/simulated",
+        job_token="",
+        command="",
+        workdir="",
+        env={},
+        data=[],
+        results_source=None,
+        results_target=None,
+        emetrics_file=None,
+        metric_groups={},
+        state_dir="",
+    )
+    return LaunchRequest(node, gpu_ids, spec)
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,16 @@ class _Evaluator:
     def fits(self) -> bool:
         return any(total >= self.learners for total in self.group_total.values())
 
+    def fits_with(self, usages: Iterable[_Usage]) -> bool:
+        """Whether the job fits once all of ``usages`` are freed (the state is unchanged)."""
+        added = list(usages)
+        for usage in added:
+            self.add(usage)
+        fits = self.fits()
+        for usage in added:
+            self.remove(usage)
+        return fits
+
 
 class Candidate(NamedTuple):
     """A running job that may be preempted (a tuple: a pass makes one per running job)."""
@@ -244,7 +254,7 @@ class VictimIndex:
             found = self._by_nodes(job, evaluator, end)
             if found is None:
                 remaining = [c for c in tier if c.job.id not in self.chosen]
-                if not remaining or not _all_fit(evaluator, remaining, usage):
+                if not remaining or not evaluator.fits_with(usage[c.job.id] for c in remaining):
                     continue
                 found = _in_order(evaluator, remaining, usage)
             # Checked once spare victims are dropped: a smaller set takes less from a tenant.
@@ -307,12 +317,7 @@ class VictimIndex:
                     break
         options.sort(key=lambda o: (len(o), sorted(self.rank[c.job.id] for c in o)))
         for option in options:
-            for candidate in option:
-                evaluator.add(self.usage[candidate.job.id])
-            fits = evaluator.fits()
-            for candidate in option:
-                evaluator.remove(self.usage[candidate.job.id])
-            if fits:
+            if evaluator.fits_with(self.usage[c.job.id] for c in option):
                 return option
         return None
 
@@ -333,22 +338,9 @@ def _single(
         looked += 1
         if looked > SINGLE_VICTIM_SCAN:
             return None
-        freed = usage[candidate.job.id]
-        evaluator.add(freed)
-        fits = evaluator.fits()
-        evaluator.remove(freed)
-        if fits:
+        if evaluator.fits_with((usage[candidate.job.id],)):
             return candidate
     return None
-
-
-def _all_fit(evaluator: _Evaluator, tier: Sequence[Candidate], usage: dict[str, _Usage]) -> bool:
-    for candidate in tier:
-        evaluator.add(usage[candidate.job.id])
-    fits = evaluator.fits()
-    for candidate in tier:
-        evaluator.remove(usage[candidate.job.id])
-    return fits
 
 
 def _in_order(
@@ -399,14 +391,7 @@ def _exhaustive(
             budget -= 1
             if budget < 0:
                 return None
-            if not allowed(combo):
-                continue
-            for candidate in combo:
-                evaluator.add(usage[candidate.job.id])
-            fits = evaluator.fits()
-            for candidate in combo:
-                evaluator.remove(usage[candidate.job.id])
-            if fits:
+            if allowed(combo) and evaluator.fits_with(usage[c.job.id] for c in combo):
                 return list(combo)
     return None
 

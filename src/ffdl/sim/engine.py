@@ -30,11 +30,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ffdl.backends.base import LaunchRequest
-from ffdl.backends.fake import FakeBackend, LearnerExit, LearnerScript
+from ffdl.backends.fake import FakeBackend, LearnerExit, LearnerScript, fake_request
 from ffdl.core.resources import LearnerPlacement, Node, Placement
 from ffdl.core.status import LearnerStatus
-from ffdl.learner.spec import LearnerSpec
 from ffdl.scheduler.free import NodeFree
 from ffdl.scheduler.snapshot import QueuedJob, RunningJob
 from ffdl.sim.jobs import JobRecord, JobState, SimConfig, SimulationError
@@ -478,24 +476,15 @@ class Simulator:
         record.live_learners = len(record.handles)
 
     def _launch_learner(self, record: JobRecord, learner: LearnerPlacement) -> dict[str, Any]:
-        spec = LearnerSpec(
-            training_id=record.id,
-            learner=learner.learner,
-            num_learners=record.learners,
-            attempt=record.attempt,
-            api_url="http://127.0.0.1/simulated",
-            job_token="",
-            command="",
-            workdir="",
-            env={},
-            data=[],
-            results_source=None,
-            results_target=None,
-            emetrics_file=None,
-            metric_groups={},
-            state_dir="",
+        request = fake_request(
+            learner.node,
+            learner.gpu_ids,
+            record.id,
+            learner.learner,
+            record.learners,
+            record.attempt,
         )
-        return self.backend.launch(LaunchRequest(learner.node, learner.gpu_ids, spec))
+        return self.backend.launch(request)
 
     def _halt(self, record: JobRecord, why: str) -> None:
         record.restarts += 1

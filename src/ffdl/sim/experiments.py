@@ -145,34 +145,27 @@ def pack_spread(
         duration_s=(600.0, 4 * 3600.0),
     )
     jobs = synthetic(spec, cluster_gpus=sum(n.gpus for n in nodes), gpus_per_node=4)
-    results = [
-        simulate(
-            nodes,
-            jobs,
-            policy,
-            label=f"{policy} {placement}",
-            placement=placement,
-            progress=progress,
-        )
-        for policy in ("fifo", "priority-backfill")
-        for placement in ("pack", "spread")
-    ]
+
+    def every_policy_and_placement(workload: list[SimJob], suffix: str) -> list[SimResult]:
+        return [
+            simulate(
+                nodes,
+                workload,
+                policy,
+                label=f"{policy} {placement}{suffix}",
+                placement=placement,
+                progress=progress,
+            )
+            for policy in ("fifo", "priority-backfill")
+            for placement in ("pack", "spread")
+        ]
+
+    results = every_policy_and_placement(jobs, "")
     # The same jobs with a speed that ignores placement: what is left is fragmentation.
     fixed_speed = [
         replace(j, family="fixed", work=j.run_time_s(4), elastic_gpus=None) for j in jobs
     ]
-    results += [
-        simulate(
-            nodes,
-            fixed_speed,
-            policy,
-            label=f"{policy} {placement}, placement-blind speed",
-            placement=placement,
-            progress=progress,
-        )
-        for policy in ("fifo", "priority-backfill")
-        for placement in ("pack", "spread")
-    ]
+    results += every_policy_and_placement(fixed_speed, ", placement-blind speed")
     notes = (
         f"{len(nodes)} machines x (32 cores, 4 GPUs, 128 GB); {len(jobs)} jobs, learners 1-8 "
         "(avg 4.5), 1-4 GPUs per learner (avg 2.5), 4-16 CPUs per learner (avg 5), 8-24 GB "
