@@ -71,6 +71,19 @@ class Settings(BaseSettings):
     min_rescale_interval_s: float = 120.0  # a job keeps a new size at least this long
     fairness_after_s: float = 600.0  # a queued elastic job waiting longer is admitted first
 
+    # Learner sandbox (local backend): bubblewrap per learner, each job under its own uid
+    # drawn from [sandbox_uid_base, sandbox_uid_base + sandbox_uid_count). Off only on the
+    # operator's explicit word (``ffdl up --no-sandbox``).
+    sandbox: bool = True
+    sandbox_uid_base: int = Field(default=200_000, ge=1000)
+    sandbox_uid_count: int = Field(default=60_000, ge=1)
+
+    # Host paths that `local` and `mount_volume` data stores may use (default: HOME/stores).
+    store_paths: list[Path] = Field(default_factory=list)
+
+    # API tokens expire this many days after creation unless created with another lifetime.
+    token_ttl_days: float = Field(default=90.0, gt=0)
+
     # Upload limits.
     max_manifest_bytes: int = 1024 * 1024
     max_archive_bytes: int = 512 * 1024 * 1024
@@ -84,6 +97,12 @@ class Settings(BaseSettings):
     @property
     def jobs_dir(self) -> Path:
         return self.home / "jobs"
+
+    @property
+    def allowed_store_paths(self) -> list[Path]:
+        """Resolved host directories that path-based data stores must lie under."""
+        paths = self.store_paths or [self.home / "stores"]
+        return [Path(p).expanduser().resolve() for p in paths]
 
     @property
     def client_config_path(self) -> Path:
