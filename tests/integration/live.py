@@ -218,6 +218,24 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
+def job_pids(job_id: str) -> set[int]:
+    """Host pids of every live process that runs for ``job_id`` (its learners' commands and
+    all they started), found by the ``TRAINING_ID`` in their environment: inside the
+    sandbox a process sees only its own PID namespace, so it cannot tell its host pid."""
+    marker = f"TRAINING_ID={job_id}".encode()
+    found: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and pid_alive(int(entry.name)):
+            found.add(int(entry.name))
+    return found
+
+
 @contextlib.contextmanager
 def serving(server: LiveServer) -> Iterator[LiveServer]:
     """Start ``server``; on the way out stop it and kill every controller it started."""

@@ -7,7 +7,7 @@ import signal
 import zipfile
 from pathlib import Path
 
-from tests.integration.live import LiveServer, manifest_yaml, pid_alive, wait_for
+from tests.integration.live import LiveServer, job_pids, manifest_yaml, pid_alive, wait_for
 
 TRAIN_OK = """
 import json, os, pathlib
@@ -69,14 +69,15 @@ def test_delete_while_processing_cancels_and_leaves_no_process(server: LiveServe
     job_id = server.submit_ok(manifest_yaml("python loop.py"), {"loop.py": LONG_RUNNING})
     server.wait_status(job_id, {"PROCESSING"})
     results = Path(server.model(job_id)["results"]["location"])
-    pid = int(wait_for(lambda: (results / "pid").exists() and (results / "pid").read_text()))
-    assert pid_alive(pid)
+    wait_for(lambda: (results / "pid").exists(), what="the command to start")
+    pids = job_pids(job_id)
+    assert pids
 
     response = server.client.delete(f"/v1/models/{job_id}")
     assert response.status_code == 200, response.text
     assert response.json()["status"] == "CANCELLED"
     assert server.status(job_id) == "CANCELLED"
-    wait_for(lambda: not pid_alive(pid), timeout=10, what="user process to be gone")
+    wait_for(lambda: not job_pids(job_id), timeout=10, what="the job's processes to be gone")
     controllers = [
         int(p.read_text())
         for p in (server.home / "jobs" / job_id / "learners").rglob("launched.pid")
@@ -92,12 +93,14 @@ def test_delete_while_processing_cancels_and_leaves_no_process(server: LiveServe
 def test_halt_stops_the_job_as_halted(server: LiveServer) -> None:
     job_id = server.submit_ok(manifest_yaml("python loop.py"), {"loop.py": LONG_RUNNING})
     server.wait_status(job_id, {"PROCESSING"})
+    results = Path(server.model(job_id)["results"]["location"])
+    wait_for(lambda: (results / "pid").exists(), what="the command to start")
+    assert job_pids(job_id)
     response = server.client.patch(f"/v1/models/{job_id}", json={"status": "halt"})
     assert response.status_code == 202, response.text
     model = server.wait_status(job_id, {"HALTED"}, timeout=30)
     assert model["learners"][0]["status"] == "HALTED"
-    results = Path(model["results"]["location"])
-    assert not pid_alive(int((results / "pid").read_text()))
+    assert not job_pids(job_id)
 
 
 def test_restarting_the_server_loses_and_duplicates_no_log_line(

@@ -21,10 +21,20 @@ from ffdl.backends.base import Handle, LaunchRequest, LearnerState, PollResult
 from ffdl.backends.gpus import detect_gpus
 from ffdl.core.resources import Node
 from ffdl.core.units import parse_size_mb
+from ffdl.learner.cgroups import LearnerCgroup
+from ffdl.learner.sandbox import check_available, remove_netns_if_unused
 from ffdl.learner.spec import dump_spec
 from ffdl.server.settings import Settings
 
 CONTROLLER_MODULE = "ffdl.learner.controller"
+NO_SANDBOX_WARNING = (
+    "LEARNERS ARE NOT SANDBOXED (--no-sandbox): every job runs as the platform's user and "
+    "can read its database, secrets and other jobs. Use only on a trusted single-user machine."
+)
+
+
+class SandboxUnavailable(RuntimeError):
+    """Sandboxes are on but cannot be made on this host; the message says why and what to do."""
 
 
 def _host_memory_mb() -> int:
@@ -52,6 +62,11 @@ class LocalBackend:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        if settings.sandbox and (problem := check_available()) is not None:
+            raise SandboxUnavailable(
+                f"cannot sandbox learners: {problem}. Install bubblewrap, or start with "
+                "--no-sandbox to run learners unconfined (trusted single-user machines only)"
+            )
         self._nodes = self._discover_nodes()
         # Controllers this process started; waited on so they never linger as zombies.
         self._children: dict[int, subprocess.Popen[bytes]] = {}
@@ -113,7 +128,11 @@ class LocalBackend:
             log.close()
         self._children[proc.pid] = proc
         (state_dir / "launched.pid").write_text(str(proc.pid))
-        return {"pid": proc.pid, "state_dir": str(state_dir), "spec": str(spec_path)}
+        handle: Handle = {"pid": proc.pid, "state_dir": str(state_dir), "spec": str(spec_path)}
+        if spec.sandbox is not None and spec.sandbox.privileged:
+            handle["cgroup"] = spec.sandbox.cgroup
+            handle["netns"] = spec.sandbox.netns
+        return handle
 
     def _running_handle(self, state_dir: Path, spec_path: Path) -> Handle | None:
         pid_file = state_dir / "launched.pid"
@@ -159,6 +178,12 @@ class LocalBackend:
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=5)
+        # A controller killed before it could clean up leaves its sandbox's cgroup and
+        # network namespace behind; whatever still runs in them ends here.
+        if handle.get("cgroup"):
+            LearnerCgroup.existing(str(handle["cgroup"])).remove()
+        if handle.get("netns"):
+            remove_netns_if_unused(str(handle["netns"]))
 
     def poll(self, handle: Handle) -> PollResult:
         pid = int(handle["pid"])

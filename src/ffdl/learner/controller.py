@@ -26,7 +26,8 @@ from types import FrameType
 from typing import IO
 
 from ffdl.core.status import ErrorCode, LearnerStatus
-from ffdl.learner import metrics, staging
+from ffdl.learner import metrics, sandbox, staging
+from ffdl.learner.cgroups import LearnerCgroup
 from ffdl.learner.reporter import CANCEL, GAVE_UP, GONE, HALT, Reporter
 from ffdl.learner.spec import (
     CONTROLLER_LOG,
@@ -69,13 +70,13 @@ class HaltSignal:
         self.received = True
 
 
-def _group_members(group: int) -> set[int]:
-    """Processes in process group ``group``, read from /proc (empty where there is none)."""
-    members: set[int] = set()
+def _process_table() -> dict[int, tuple[int, int]]:
+    """Every process's (parent pid, process group), read from /proc."""
+    table: dict[int, tuple[int, int]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
-        return members
+        return table
     for name in names:
         if not name.isdigit():
             continue
@@ -86,9 +87,34 @@ def _group_members(group: int) -> set[int]:
         # The command name may hold spaces and parentheses; the fields after its last ')'
         # are state, ppid, pgrp.
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == group:
-            members.add(int(name))
-    return members
+        if len(fields) > 2:
+            table[int(name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def _group_members(group: int) -> set[int]:
+    """Processes in process group ``group`` (empty where there is none)."""
+    return {pid for pid, (_ppid, pgrp) in _process_table().items() if pgrp == group}
+
+
+def _descendants(root: int) -> set[int]:
+    """Every process below ``root`` in the process tree (``root`` itself excluded)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _pgrp) in _process_table().items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def _memory_text(size: int) -> str:
+    mib = size / (1024 * 1024)
+    return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib:g} MiB"
 
 
 def _become_group_leader() -> None:
@@ -142,6 +168,7 @@ class Controller:
         self._mirror: IO[str] | None = None
         self._mirror_lock = threading.Lock()
         self._metric_groups: list[metrics.RegexGroup] = []
+        self._cgroup: LearnerCgroup | None = None
 
     # -- stop requests --------------------------------------------------------------------
 
@@ -208,6 +235,7 @@ class Controller:
             exit_code=outcome.exit_code,
             error_code=outcome.error_code,
         )
+        self._release_sandbox()
         delivered = self.reporter.drain(self.spec.report_deadline_s + 5.0)
         if not delivered:
             logger.warning("reports were not all delivered")
@@ -230,6 +258,10 @@ class Controller:
             for mount in self.spec.data:
                 if (request := self._requested_stop()) is not None:
                     return _stop_outcome(request, self._stop_detail)
+                if mount.kind == "mount_volume" and self.spec.sandbox is not None:
+                    # The sandbox binds the volume read-only at the target itself.
+                    self._ffdl_log(f"[ffdl] mounted {mount.source} at {mount.target} (read-only)")
+                    continue
                 if mount.kind == "mount_volume":
                     staging.link_volume(mount.source, mount.target)
                     self._ffdl_log(f"[ffdl] mounted {mount.source} at {mount.target}")
@@ -242,6 +274,8 @@ class Controller:
                     progress=self._ffdl_log,
                     should_stop=lambda: self._requested_stop() is not None,
                 )
+                if self.spec.sandbox is not None:
+                    staging.hand_over(mount.target, self.spec.sandbox.uid, self.spec.sandbox.gid)
         except staging.StagingStopped:
             return _stop_outcome(self._requested_stop() or HALT, self._stop_detail)
         except staging.StagingError as exc:
@@ -269,9 +303,19 @@ class Controller:
             )
             tailer.start()
         try:
+            argv = self._command_argv()
+        except (sandbox.SandboxError, OSError) as exc:
+            if tailer is not None:
+                tailer.stop()
+            return LearnerResult(
+                LearnerStatus.FAILED,
+                error_code=ErrorCode.DEPLOY_FAILED.value,
+                reason=f"cannot set up the learner's sandbox: {exc}",
+            )
+        try:
             child = subprocess.Popen(
-                ["/bin/bash", "-c", self.spec.command],
-                cwd=self.spec.workdir,
+                argv,
+                cwd=self.spec.workdir if self.spec.sandbox is None else self.state_dir,
                 env=self.spec.env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -301,6 +345,34 @@ class Controller:
             tailer.stop()
         self._close_mirror()
         return self._process_outcome(exit_code, acted_on, request)
+
+    def _command_argv(self) -> list[str]:
+        spec = self.spec.sandbox
+        if spec is None:
+            return ["/bin/bash", "-c", self.spec.command]
+        if spec.privileged and spec.netns is not None:
+            sandbox.ensure_netns(spec.netns)
+        procs: list[str] = []
+        if spec.privileged and spec.cgroup:
+            try:
+                self._cgroup = LearnerCgroup.create(spec.cgroup, spec.memory_bytes, spec.cpus)
+                procs = self._cgroup.procs_files
+            except OSError as exc:
+                self._ffdl_log(
+                    f"[ffdl] no cgroup for this learner ({exc}); memory is bounded "
+                    "by an address-space limit instead"
+                )
+        home = self.spec.env.get("HOME", self.spec.workdir)
+        identity = sandbox.write_identity_files(self.state_dir / "sandbox", spec, home)
+        return sandbox.sandbox_argv(spec, self.spec.command, self.spec.workdir, identity, procs)
+
+    def _release_sandbox(self) -> None:
+        """End whatever is left of the sandbox and remove its cgroup and network namespace."""
+        if self._cgroup is not None:
+            self._cgroup.remove()
+        spec = self.spec.sandbox
+        if spec is not None and spec.privileged and spec.netns is not None:
+            sandbox.remove_netns_if_unused(spec.netns)
 
     def _supervise(self, child: subprocess.Popen[bytes]) -> tuple[int, str | None, str | None]:
         """Wait for the command while obeying stop requests.
@@ -341,6 +413,17 @@ class Controller:
             return outcome
         if exit_code == 0:
             return None
+        if self._cgroup is not None and self._cgroup.oom_killed():
+            limit = _memory_text(self._cgroup.memory_bytes or 0)
+            return LearnerResult(
+                LearnerStatus.FAILED,
+                exit_code=exit_code,
+                error_code=ErrorCode.LEARNER_CRASHED.value,
+                reason=(
+                    f"learner {self.spec.learner} exceeded its memory limit of {limit} "
+                    f"(the manifest's memory) and was killed"
+                ),
+            )
         tail = " | ".join(self._last_lines) or "(no output)"
         if len(tail) > REASON_TAIL_CHARS:
             tail = "..." + tail[-(REASON_TAIL_CHARS - 3) :]
@@ -354,13 +437,25 @@ class Controller:
         )
 
     def _signal_command(self, signum: int) -> None:
-        """Signal the command and everything it started: our process group, minus us."""
+        """Signal the command and everything it started."""
         own_pid = os.getpid()
-        targets = _group_members(own_pid) - {own_pid} if os.getpgrp() == own_pid else set()
-        if self._child is not None:
-            # Popen skips a child it has already reaped, so a reused pid is never hit.
-            self._child.send_signal(signum)
-            targets.discard(self._child.pid)
+        if self.spec.sandbox is not None and self._child is not None:
+            # The child is bwrap's monitor, outside the sandbox: a signal to it would end
+            # the sandbox at once, so a halt goes to the processes inside only; a kill ends
+            # the monitor too, and with it the sandbox's PID namespace.
+            targets = _descendants(self._child.pid)
+            if self._cgroup is not None:
+                targets |= self._cgroup.members()
+            if signum == signal.SIGKILL:
+                self._child.send_signal(signum)
+            targets -= {own_pid, self._child.pid}
+        else:
+            # Our process group, minus us.
+            targets = _group_members(own_pid) - {own_pid} if os.getpgrp() == own_pid else set()
+            if self._child is not None:
+                # Popen skips a child it has already reaped, so a reused pid is never hit.
+                self._child.send_signal(signum)
+                targets.discard(self._child.pid)
         for pid in targets:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
@@ -404,7 +499,10 @@ class Controller:
         try:
             os.makedirs(log_dir, exist_ok=True)
             path = os.path.join(log_dir, TRAINING_LOG)
-            self._mirror = open(path, "a", encoding="utf-8", errors="replace", buffering=1)  # noqa: SIM115
+            # The directory is the job's own: never write through a link it planted there.
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(path, flags, 0o644)
+            self._mirror = open(fd, "a", encoding="utf-8", errors="replace", buffering=1)  # noqa: SIM115
         except OSError as exc:
             self._ffdl_log(f"[ffdl] cannot write {log_dir}/{TRAINING_LOG}: {exc}")
 

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ffdl.learner.sandbox import NETNS_PREFIX, NETWORK_HOST, NETWORK_NONE, SandboxSpec
+
 DATA_MOUNT_KINDS = ("local", "mount_volume")
 PID_FILE = "controller.pid"
 RESULT_FILE = "result.json"
@@ -52,6 +54,8 @@ class LearnerSpec:
     emetrics_file: str | None
     metric_groups: dict[str, dict[str, Any]]
     state_dir: str
+    # None runs the command bare (the operator's --no-sandbox).
+    sandbox: SandboxSpec | None = None
     halt_grace_s: float = 10.0
     heartbeat_s: float = 2.0
     report_deadline_s: float = 600.0
@@ -116,6 +120,54 @@ def _data_mounts(raw: Any) -> list[DataMount]:
     return mounts
 
 
+def _string_list(raw: Any, name: str) -> list[str]:
+    if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
+        raise SpecError(f"spec field {name!r} must be a list of strings")
+    if not all(os.path.isabs(item) for item in raw):
+        raise SpecError(f"spec field {name!r} must hold absolute paths")
+    return list(raw)
+
+
+def _sandbox(raw: Any) -> SandboxSpec | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise SpecError("spec field 'sandbox' must be an object or null")
+    uid = _require(raw, "uid", int)
+    gid = _require(raw, "gid", int)
+    if uid <= 0 or gid <= 0:
+        raise SpecError("spec field 'sandbox.uid'/'sandbox.gid' must not be root")
+    network = raw.get("network", NETWORK_NONE)
+    if not isinstance(network, str) or not (
+        network in (NETWORK_NONE, NETWORK_HOST) or network.startswith(NETNS_PREFIX)
+    ):
+        raise SpecError("spec field 'sandbox.network' must be none, host or netns:NAME")
+    volumes = raw.get("volumes") or []
+    if not isinstance(volumes, list) or not all(
+        isinstance(v, list) and len(v) == 2 and all(isinstance(p, str) for p in v) for v in volumes
+    ):
+        raise SpecError("spec field 'sandbox.volumes' must be a list of [source, target]")
+    memory = raw.get("memory_bytes")
+    cpus = raw.get("cpus")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int)):
+        raise SpecError("spec field 'sandbox.memory_bytes' must be an integer or null")
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int | float)):
+        raise SpecError("spec field 'sandbox.cpus' must be a number or null")
+    return SandboxSpec(
+        uid=uid,
+        gid=gid,
+        read_only=_string_list(raw.get("read_only") or [], "sandbox.read_only"),
+        read_write=_string_list(raw.get("read_write") or [], "sandbox.read_write"),
+        volumes=[list(v) for v in volumes],
+        network=network,
+        gpu_devices=_string_list(raw.get("gpu_devices") or [], "sandbox.gpu_devices"),
+        memory_bytes=memory,
+        cpus=float(cpus) if cpus is not None else None,
+        cgroup=str(raw.get("cgroup") or ""),
+        privileged=bool(raw.get("privileged", True)),
+    )
+
+
 def spec_from_dict(document: dict[str, Any]) -> LearnerSpec:
     """Validate a decoded spec document; raise ``SpecError`` naming the first bad field."""
     if not isinstance(document, dict):
@@ -149,6 +201,7 @@ def spec_from_dict(document: dict[str, Any]) -> LearnerSpec:
         emetrics_file=_optional_str(document, "emetrics_file"),
         metric_groups=dict(groups),
         state_dir=_require(document, "state_dir", str),
+        sandbox=_sandbox(document.get("sandbox")),
         halt_grace_s=_number(document, "halt_grace_s", 10.0),
         heartbeat_s=_number(document, "heartbeat_s", 2.0),
         report_deadline_s=_number(document, "report_deadline_s", 600.0),

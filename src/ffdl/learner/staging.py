@@ -13,6 +13,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from stat import S_ISREG
 
 PROGRESS_INTERVAL_S = 0.5
 MEGABYTE = 1_000_000
@@ -55,10 +56,11 @@ def _is_same_file(source: os.stat_result, target_path: str) -> bool:
 
 
 def _plan(source: str) -> tuple[list[tuple[str, str, os.stat_result]], list[str], list[str]]:
-    """Walk ``source``: (files with their stats, directories, symlinked directories)."""
+    """Walk ``source`` without following links: (regular files with their stats,
+    directories, and what was left out: links and special files)."""
     files: list[tuple[str, str, os.stat_result]] = []
     directories: list[str] = []
-    linked_directories: list[str] = []
+    left_out: list[str] = []
 
     def fail(error: OSError) -> None:
         raise error
@@ -68,13 +70,47 @@ def _plan(source: str) -> tuple[list[tuple[str, str, os.stat_result]], list[str]
         for name in dirnames:
             relative = os.path.normpath(os.path.join(relative_root, name))
             if os.path.islink(os.path.join(root, name)):
-                linked_directories.append(relative)
+                left_out.append(relative)
             else:
                 directories.append(relative)
         for name in filenames:
             path = os.path.join(root, name)
-            files.append((path, os.path.normpath(os.path.join(relative_root, name)), os.stat(path)))
-    return files, directories, linked_directories
+            relative = os.path.normpath(os.path.join(relative_root, name))
+            stat = os.stat(path, follow_symlinks=False)
+            if S_ISREG(stat.st_mode):
+                files.append((path, relative, stat))
+            else:
+                left_out.append(relative)
+    return files, directories, left_out
+
+
+def _open_planned(path: str, planned: os.stat_result, root: str) -> int:
+    """Open a planned file for reading, or raise OSError if it is no longer that file.
+
+    The tree may belong to a job whose processes still run: the file is opened without
+    following a final link, and the open file itself must be the regular file planned,
+    inside ``root``, so a path swapped for a link meanwhile is never read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        opened = os.fstat(fd)
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        same = (opened.st_dev, opened.st_ino) == (planned.st_dev, planned.st_ino)
+        inside = real == root or real.startswith(root.rstrip("/") + "/")
+        if not (S_ISREG(opened.st_mode) and same and inside):
+            raise OSError(f"{path} changed while it was being copied")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _copy_file(path: str, destination: str, planned: os.stat_result, root: str) -> None:
+    fd = _open_planned(path, planned, root)
+    with os.fdopen(fd, "rb") as src, open(destination, "wb") as out:
+        shutil.copyfileobj(src, out)
+    os.chmod(destination, planned.st_mode & 0o777)
+    os.utime(destination, ns=(planned.st_atime_ns, planned.st_mtime_ns))
 
 
 def copy_tree(
@@ -89,21 +125,29 @@ def copy_tree(
     """Copy the file or directory tree ``source`` to ``target``, skipping files already there.
 
     Files keep their modification times, which is what lets a later attempt recognise them.
-    Symlinked directories become symlinks to the directory they resolve to.
+    Links are never followed: a symbolic link (to a file or a directory) and any special
+    file is left out and named in a progress line, because the tree may be a job's own and
+    a link could point at any file of the host.
     """
-    if not os.path.exists(source):
+    if not os.path.lexists(source):
         raise StagingError(f"data source does not exist: {source}")
     try:
+        root = os.path.realpath(source)
+        if os.path.islink(source):
+            raise StagingError(f"{source} is a symbolic link; links are not followed")
         if os.path.isfile(source):
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            entries = [(source, "", os.stat(source))]
+            entries = [(source, "", os.stat(source, follow_symlinks=False))]
+            root = os.path.dirname(root)
             directories: list[str] = []
-            linked: list[str] = []
+            left_out: list[str] = []
         else:
-            entries, directories, linked = _plan(source)
+            entries, directories, left_out = _plan(source)
             os.makedirs(target, exist_ok=True)
     except OSError as exc:
         raise StagingError(f"cannot read {source}: {exc}") from exc
+    for relative in left_out:
+        progress(f"[ffdl] {label}: left out {relative}: a link or special file is not copied")
     stats = CopyStats(
         files_total=len(entries), bytes_total=sum(stat.st_size for _, _, stat in entries)
     )
@@ -112,10 +156,6 @@ def copy_tree(
     try:
         for relative in directories:
             os.makedirs(os.path.join(target, relative), exist_ok=True)
-        for relative in linked:
-            link = os.path.join(target, relative)
-            if not os.path.lexists(link):
-                os.symlink(os.path.realpath(os.path.join(source, relative)), link)
         for path, relative, stat in entries:
             if should_stop():
                 raise StagingStopped()
@@ -123,7 +163,7 @@ def copy_tree(
             if _is_same_file(stat, destination):
                 stats.files_skipped += 1
             else:
-                shutil.copy2(path, destination)
+                _copy_file(path, destination, stat, root)
             stats.files_done += 1
             stats.bytes_done += stat.st_size
             now = clock()
@@ -135,6 +175,17 @@ def copy_tree(
     if reported_done != stats.files_done:
         progress(_progress_line(label, stats))
     return stats
+
+
+def hand_over(path: str, uid: int, gid: int) -> None:
+    """Give a staged tree to the job's user (links are changed, never followed)."""
+    try:
+        os.chown(path, uid, gid, follow_symlinks=False)
+        for root, dirnames, filenames in os.walk(path):
+            for name in dirnames + filenames:
+                os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+    except OSError as exc:
+        raise StagingError(f"cannot hand {path} to the job's user: {exc}") from exc
 
 
 def link_volume(source: str, target: str) -> None:

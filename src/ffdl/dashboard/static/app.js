@@ -240,6 +240,8 @@
 
   function holderText(holder) {
     const gpus = (holder.gpu_ids || []).join(",");
+    // Another tenant's allocation comes without its job id: only that the GPUs are in use.
+    if (!holder.model_id) return `in use${gpus ? ` gpu ${gpus}` : ""}`;
     return `${holder.model_id} #${holder.learner}${gpus ? ` gpu ${gpus}` : ""} (${holder.status})`;
   }
 
@@ -531,8 +533,20 @@
     $("close-detail").addEventListener("click", closeDetail);
   }
 
+  async function checkSandbox() {
+    // /health needs no token: the warning shows even before sign-in.
+    try {
+      const response = await fetch("/health", { cache: "no-store" });
+      const health = await response.json();
+      show($("sandbox-warning"), health.sandbox === false);
+    } catch (err) {
+      // The connection indicator reports an unreachable server.
+    }
+  }
+
   function main() {
     wire();
+    checkSandbox();
     const token = tokenFromFragment() || storedToken();
     if (token) signIn(token);
     else askForToken("");

@@ -22,6 +22,7 @@ from ffdl.core.manifest import Manifest
 from ffdl.core.resources import Placement
 from ffdl.core.status import TERMINAL_LEARNER_STATES, ErrorCode, JobStatus, LearnerStatus
 from ffdl.learner.spec import DataMount, LearnerSpec
+from ffdl.learner.staging import StagingError, hand_over
 from ffdl.server.loops.scheduler import PREEMPTED, free_port
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job, aggregate_job_failure
@@ -30,6 +31,7 @@ from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.services.placing import place_alone
 from ffdl.server.services.queries import current_learners
+from ffdl.server.services.sandboxing import learner_sandbox, sandbox_owner
 from ffdl.server.store.models import DeployStep, Job, Learner
 from ffdl.server.store.transitions import set_job_status, set_learner_status, utcnow
 
@@ -93,8 +95,11 @@ def deploy(platform: Platform, job_id: str) -> None:
     done = _done_steps(platform, job_id, attempt)
     try:
         if "prepare" not in done:
-            dirs.create(len(placement.learners))
+            owner = sandbox_owner(platform, job_id)
+            dirs.create(len(placement.learners), owner)
             unpack_archive(dirs.archive, dirs.code)
+            if owner is not None:
+                hand_over(str(dirs.code), *owner)
             _record_results_location(platform, job_id, _results_target(manifest, job_id, dirs))
             _record_step(platform, job_id, attempt, "prepare")
         for lp in placement.learners:
@@ -122,7 +127,7 @@ def deploy(platform: Platform, job_id: str) -> None:
                     session.add(
                         DeployStep(job_id=job_id, attempt=attempt, step=step, done_at=utcnow())
                     )
-    except (OSError, FfdlError) as exc:
+    except (OSError, FfdlError, StagingError) as exc:
         log.warning("deploy of %s failed: %s", job_id, exc)
         _fail(platform, job_id, f"deploy failed: {exc}", ErrorCode.DEPLOY_FAILED.value)
 
@@ -193,10 +198,13 @@ def build_spec(
     if batch_size is not None:
         env["FFDL_BATCH_SIZE"] = str(batch_size)
     data: list[DataMount] = []
+    volume: str | None = None
     store = manifest.data_store()
     if store is not None and store.training_data is not None and "path" in store.connection:
         source = Path(store.connection["path"]) / store.training_data.container
         data.append(DataMount(kind=store.type, source=str(source), target=str(dirs.data)))
+        if store.type == "mount_volume":
+            volume = str(source)
     results_target = _results_target(manifest, job_id, dirs) if learner == 1 else None
     groups = {}
     if manifest.evaluation_metrics is not None:
@@ -219,6 +227,18 @@ def build_spec(
         emetrics_file=str(dirs.logs(learner) / "emetrics.jsonl"),
         metric_groups=groups,
         state_dir=str(dirs.controller(learner, attempt)),
+        sandbox=learner_sandbox(
+            platform,
+            job_id,
+            learner=learner,
+            attempt=attempt,
+            num_learners=len(placement.learners),
+            gpu_ids=me.gpu_ids if real_gpus else (),
+            memory_mb=manifest.memory_mb,
+            cpus=manifest.cpus,
+            dirs=dirs,
+            volume=volume,
+        ),
         halt_grace_s=settings.halt_grace_s,
         heartbeat_s=settings.heartbeat_s,
         report_deadline_s=settings.report_deadline_s,

@@ -6,6 +6,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter
 
+from ffdl.server.routers.deps import PlatformDep
+
 router = APIRouter(tags=["health"])
 
 
@@ -17,5 +19,14 @@ def ffdl_version() -> str:
 
 
 @router.get("/health")
-def health() -> dict[str, str]:
-    return {"status": "ok", "version": ffdl_version()}
+def health(platform: PlatformDep) -> dict[str, object]:
+    """Liveness, the version, and whether learners run sandboxed (``--no-sandbox`` shows
+    ``false`` and a warning, so that no one mistakes an unconfined platform for a safe one)."""
+    body: dict[str, object] = {
+        "status": "ok",
+        "version": ffdl_version(),
+        "sandbox": platform.settings.sandbox,
+    }
+    if not platform.settings.sandbox:
+        body["warning"] = "learners are not sandboxed (--no-sandbox)"
+    return body

@@ -1,0 +1,236 @@
+"""The learner sandbox: the command line that runs a user's command under bubblewrap.
+
+The controller stays outside and starts the chain built by ``sandbox_argv``::
+
+    sh (joins the learner's cgroups) → [nsenter --net=JOB_NETNS] → [prlimit --as]
+      → bwrap (namespaces, a filesystem of read-only system paths plus the job's own
+        directories, only the pinned GPU devices, dies with the controller)
+      → setpriv (the job's unprivileged uid/gid, no capabilities, no new privileges)
+      → /bin/bash -c COMMAND
+
+Each link ``exec``s the next, so the controller's child is bwrap's monitor process and
+bwrap's ``--die-with-parent`` ties the whole sandbox to the controller: when the
+controller dies, bwrap's namespace init dies, and the kernel ends every process of the
+PID namespace, whatever the user's code forked or ``setsid``-ed.
+
+As root the platform sets the sandbox up privileged (bwrap run as root, the command
+dropped to the job's uid by setpriv, per-job network namespaces for distributed jobs).
+As another user, bwrap runs in a user namespace: the command keeps the operator's uid
+and distributed jobs share the host network (``network="host"``).
+
+This module uses the standard library only, because the controller must start fast.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NETWORK_NONE = "none"
+NETWORK_HOST = "host"
+NETNS_PREFIX = "netns:"
+NETNS_DIR = "/run/netns"
+# System paths every sandbox sees read-only, when the host has them.
+SYSTEM_PATHS = ("/usr", "/etc", "/opt", "/sys")
+# On merged-/usr systems these are symlinks into /usr and are recreated as such.
+TOP_LEVEL_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Host files the sandbox must not read even though /etc is visible.
+HIDDEN_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
+# Character devices a CUDA process needs beside its own /dev/nvidiaN.
+NVIDIA_CONTROL_DEVICES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+)
+SANDBOX_USER = "ffdl"
+
+
+class SandboxError(Exception):
+    """The sandbox cannot be set up; the message says what is missing."""
+
+
+@dataclass
+class SandboxSpec:
+    """What one learner's sandbox is made of (part of the learner spec)."""
+
+    uid: int
+    gid: int
+    # Host paths bound read-only / read-write at the same path inside.
+    read_only: list[str] = field(default_factory=list)
+    read_write: list[str] = field(default_factory=list)
+    # (host source, path inside) bound read-only: mounted volumes at DATA_DIR.
+    volumes: list[list[str]] = field(default_factory=list)
+    network: str = NETWORK_NONE  # none | host | netns:NAME
+    gpu_devices: list[str] = field(default_factory=list)
+    memory_bytes: int | None = None
+    cpus: float | None = None
+    cgroup: str = ""  # the learner's cgroup name, relative to the controller's own
+    privileged: bool = True  # set up as root: setpriv to uid/gid, netns, cgroups
+
+    @property
+    def netns(self) -> str | None:
+        if self.network.startswith(NETNS_PREFIX):
+            return self.network[len(NETNS_PREFIX) :]
+        return None
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+def check_available() -> str | None:
+    """None when a sandbox can start here, else why not (run once at platform start)."""
+    bwrap = bwrap_path()
+    if bwrap is None:
+        return "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        return "setpriv (util-linux) is not installed"
+    probe = [bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--", "/bin/true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap cannot run: {exc}"
+    if done.returncode != 0:
+        detail = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
+        return f"bubblewrap cannot create namespaces here: {detail}"
+    return None
+
+
+def write_identity_files(directory: Path, spec: SandboxSpec, home: str) -> tuple[Path, Path]:
+    """passwd and group files naming the job's uid (tools that look the user up need them)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    passwd = directory / "passwd"
+    group = directory / "group"
+    passwd.write_text(
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"{SANDBOX_USER}:x:{spec.uid}:{spec.gid}:ffdl job:{home}:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        encoding="utf-8",
+    )
+    group.write_text(
+        f"root:x:0:\n{SANDBOX_USER}:x:{spec.gid}:\nnogroup:x:65534:\n", encoding="utf-8"
+    )
+    for path in (passwd, group):
+        path.chmod(0o644)
+    return passwd, group
+
+
+def _mount_order(binds: Sequence[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    # Parents first, so a bind inside another bind lands on top of it.
+    return sorted(binds, key=lambda bind: (bind[2].count("/"), bind[2]))
+
+
+def _filesystem_args(spec: SandboxSpec, passwd: Path, group: Path) -> list[str]:
+    args = ["--perms", "1777", "--tmpfs", "/tmp", "--dev", "/dev"]
+    args += ["--perms", "1777", "--tmpfs", "/dev/shm", "--proc", "/proc"]
+    for link in TOP_LEVEL_LINKS:
+        if os.path.islink(link):
+            args += ["--symlink", os.readlink(link), link]
+        elif os.path.isdir(link):
+            args += ["--ro-bind", link, link]
+    binds: list[tuple[str, str, str]] = [
+        ("--ro-bind", path, path) for path in SYSTEM_PATHS if os.path.isdir(path)
+    ]
+    binds += [("--ro-bind", path, path) for path in spec.read_only]
+    binds += [("--bind", path, path) for path in spec.read_write]
+    binds += [("--ro-bind", source, target) for source, target in spec.volumes]
+    mounted: list[str] = []
+    created: set[str] = {"/", "/tmp", "/dev", "/proc"}
+    for option, source, target in _mount_order(binds):
+        # Directories leading to a bind are made world-traversable (bwrap would otherwise
+        # create them private to root), except where they lie inside an earlier bind.
+        for ancestor in reversed(Path(target).parents):
+            name = str(ancestor)
+            inside = any(name == m or name.startswith(m + "/") for m in mounted)
+            if name not in created and not inside:
+                args += ["--perms", "0755", "--dir", name]
+                created.add(name)
+        args += [option, source, target]
+        mounted.append(target)
+        created.add(target)
+    for hidden in HIDDEN_FILES:
+        if os.path.exists(hidden):
+            args += ["--ro-bind", "/dev/null", hidden]
+    if os.path.isdir("/etc"):
+        args += ["--ro-bind", str(passwd), "/etc/passwd", "--ro-bind", str(group), "/etc/group"]
+    for device in spec.gpu_devices:
+        args += ["--dev-bind", device, device]
+    if spec.gpu_devices:
+        for device in NVIDIA_CONTROL_DEVICES:
+            if os.path.exists(device):
+                args += ["--dev-bind", device, device]
+    return args
+
+
+def sandbox_argv(
+    spec: SandboxSpec,
+    command: str,
+    workdir: str,
+    identity: tuple[Path, Path],
+    cgroup_procs: Sequence[str] = (),
+) -> list[str]:
+    """The argv that runs ``command`` (a bash command line) inside the sandbox."""
+    bwrap = bwrap_path()
+    if bwrap is None:
+        raise SandboxError("bubblewrap (bwrap) is not installed")
+    argv: list[str] = []
+    if cgroup_procs:
+        # The shell joins the cgroups before it becomes bwrap, so that nothing of the
+        # sandbox ever runs outside them.
+        script = (
+            'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+        )
+        argv += ["/bin/sh", "-c", script, "ffdl-sandbox", *cgroup_procs, "--"]
+    netns = spec.netns
+    if netns is not None:
+        argv += ["nsenter", f"--net={NETNS_DIR}/{netns}", "--"]
+    if spec.memory_bytes and not cgroup_procs:
+        # Without a memory cgroup an address-space limit is the only bound available.
+        argv += ["prlimit", f"--as={spec.memory_bytes}", "--"]
+    argv += [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    argv += ["--unshare-cgroup-try", "--hostname", "learner"]
+    if spec.network != NETWORK_HOST and netns is None:
+        argv.append("--unshare-net")
+    argv += _filesystem_args(spec, *identity)
+    argv += ["--chdir", workdir]
+    if spec.privileged:
+        argv += ["--", "setpriv", f"--reuid={spec.uid}", f"--regid={spec.gid}"]
+        argv += ["--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+    else:
+        argv += ["--cap-drop", "ALL", "--new-session"]
+    argv += ["--", "/bin/bash", "-c", command]
+    return argv
+
+
+# -- per-job network namespaces (distributed jobs, privileged setup) ---------------------
+
+
+def ensure_netns(name: str) -> None:
+    """Create the job's network namespace with loopback up; idempotent across learners."""
+    path = Path(NETNS_DIR) / name
+    if not path.exists():
+        done = subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False)
+        # Another learner of the job may have created it first.
+        if done.returncode != 0 and not path.exists():
+            raise SandboxError(
+                f"cannot create network namespace {name}: {done.stderr.decode().strip()}"
+            )
+    done = subprocess.run(
+        ["ip", "-n", name, "link", "set", "lo", "up"], capture_output=True, check=False
+    )
+    if done.returncode != 0:
+        raise SandboxError(f"cannot bring up loopback in {name}: {done.stderr.decode().strip()}")
+
+
+def remove_netns_if_unused(name: str) -> None:
+    """Delete the job's network namespace once no process of the job is in it."""
+    if not (Path(NETNS_DIR) / name).exists():
+        return
+    pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, check=False)
+    if pids.returncode == 0 and not pids.stdout.strip():
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
