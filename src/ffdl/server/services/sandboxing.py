@@ -77,6 +77,19 @@ def sandbox_owner(platform: Platform, job_id: str) -> tuple[int, int] | None:
     return uid, uid
 
 
+def _pth_paths(site_dirs: list[str]) -> set[str]:
+    """Directories that ``.pth`` files add to the path (editable installs put sources there)."""
+    found: set[str] = set()
+    for site_dir in site_dirs:
+        for pth in Path(site_dir).glob("*.pth"):
+            try:
+                lines = pth.read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError):
+                continue
+            found.update(line.strip() for line in lines if line.startswith("/"))
+    return found
+
+
 def python_paths(home: Path) -> list[str]:
     """Where the job's Python lives (interpreter, environment, importable sources), read-only.
 
@@ -89,6 +102,7 @@ def python_paths(home: Path) -> list[str]:
     # editable install is a source tree outside the environment. Not all of sys.path:
     # its first entry may be whatever directory the platform was started from.
     candidates.add(str(Path(ffdl.__file__).resolve().parent.parent))
+    candidates.update(_pth_paths(site.getsitepackages()))
     paths: set[str] = set()
     for candidate in candidates:
         if not os.path.isabs(candidate) or not os.path.isdir(candidate):
