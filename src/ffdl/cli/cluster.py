@@ -17,8 +17,10 @@ tenant_app = typer.Typer(help="Tenants, quotas and users (admins only).", no_arg
 def _gpu_map(node: dict[str, Any]) -> str:
     owners = {}
     for holder in node.get("holders") or []:
+        # Another tenant's allocation comes without its job id: only that it is in use.
+        owner = f"{holder['model_id']}/{holder['learner']}" if holder.get("model_id") else "in use"
         for gpu in holder.get("gpu_ids") or []:
-            owners[int(gpu)] = f"{holder['model_id']}/{holder['learner']}"
+            owners[int(gpu)] = owner
     slots = [f"{g}:{owners.get(g, '-')}" for g in range(int(node.get("gpus", 0)))]
     return "\n".join(slots) or "-"
 

@@ -29,6 +29,7 @@ from ffdl.cli.context import CliContext, ClientFactory, client_of, state_of
 from ffdl.cli.demo import demo_command
 from ffdl.cli.render import error_text, log_text, model_panel, models_table, status_change_text
 from ffdl.cli.simulate import simulate_command
+from ffdl.cli.tokens import audit_command, token_app
 from ffdl.client.config import ConfigError
 from ffdl.client.http import ApiError, Client
 from ffdl.client.settings import ClientSettings
@@ -343,7 +344,9 @@ app.command("queue")(queue_command)
 app.command("simulate")(simulate_command)
 app.command("drain")(drain_command)
 app.command("undrain")(undrain_command)
+app.command("audit")(audit_command)
 app.add_typer(tenant_app, name="tenant")
+app.add_typer(token_app, name="token")
 
 __all__ = ["CliContext", "ClientFactory", "app", "main"]
 

@@ -262,6 +262,29 @@ class Client:
         path = f"/v1/tenants/{quote(tenant_id, safe='')}/users"
         return self._json("POST", path, json={"name": name, "role": role})
 
+    def tokens(self, user: str | None = None) -> dict[str, Any]:
+        """The tokens the caller manages (its own; an admin's also its users')."""
+        params = {"user": user} if user else {}
+        return self._json("GET", "/v1/tokens", params=params)
+
+    def create_token(self, name: str = "", ttl_days: float | None = None) -> dict[str, Any]:
+        """A new token for the caller; its secret is in the answer's ``token``, only there."""
+        body: dict[str, Any] = {"name": name}
+        if ttl_days is not None:
+            body["ttl_days"] = ttl_days
+        return self._json("POST", "/v1/tokens", json=body)
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return self._json("DELETE", f"/v1/tokens/{quote(token_id, safe='')}")
+
+    def audit(
+        self, pagesize: int = 100, offset: int = 0, action: str | None = None
+    ) -> dict[str, Any]:
+        params: dict[str, str | int] = {"pagesize": pagesize, "offset": offset}
+        if action:
+            params["action"] = action
+        return self._json("GET", "/v1/audit", params=params)
+
     def download_definition(self, model_id: str, dest: Path) -> Path:
         return self._download(self._model_path(model_id, "/definition"), dest)
 

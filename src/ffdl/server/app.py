@@ -23,7 +23,18 @@ from ffdl.server.loops.monitor import monitor_pass
 from ffdl.server.loops.runner import run_forever
 from ffdl.server.loops.scheduler import SchedulerLoop
 from ffdl.server.platform import Platform
-from ffdl.server.routers import admin, cluster, dashboard, health, internal, logs, models, stream
+from ffdl.server.routers import (
+    admin,
+    audit,
+    cluster,
+    dashboard,
+    health,
+    internal,
+    logs,
+    models,
+    stream,
+    tokens,
+)
 from ffdl.server.routers.health import ffdl_version
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
@@ -80,7 +91,18 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.platform = platform
-    for module in (health, models, stream, logs, cluster, admin, internal, dashboard):
+    for module in (
+        health,
+        models,
+        stream,
+        logs,
+        cluster,
+        admin,
+        tokens,
+        audit,
+        internal,
+        dashboard,
+    ):
         app.include_router(module.router)
     _install_error_handlers(app)
     return app

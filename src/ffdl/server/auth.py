@@ -1,8 +1,12 @@
-"""Tenants, users, bearer tokens and job tokens.
+"""Roles, bearer tokens, job tokens, and the first start's tenant, admin and client config.
 
-User tokens are random and stored only as SHA-256 hashes. Job tokens are an HMAC of the job
-id under the platform's secret, so the lifecycle manager can hand the same token to a
+User tokens are random and stored only as SHA-256 hashes, beside a short random id that
+names them (for listing and revoking) and an expiry. Job tokens are an HMAC of the job id
+under the platform's secret, so the lifecycle manager can hand the same token to a
 re-deployed controller without storing it, and a token is valid for that one job only.
+
+Roles: a platform admin acts on every tenant, a tenant admin (role ``admin``) on its own
+tenant's users, a member on its tenant's jobs. The bootstrap user is the platform admin.
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ import json
 import os
 import secrets
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from ffdl.core.errors import AuthError
 from ffdl.server.settings import Settings
@@ -25,6 +32,19 @@ from ffdl.server.store.transitions import utcnow
 
 DEFAULT_TENANT = "default"
 ADMIN_USER = "admin"
+BOOTSTRAP_TOKEN_NAME = "client.json"
+# The bootstrap token is replaced at start when it would expire within this long, so that a
+# local user never finds the platform's own client config dead.
+RENEW_WITHIN = timedelta(days=7)
+# ``last_used_at`` is rewritten at most this often per token: recording every request
+# would make each one a database write.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+class Role(StrEnum):
+    PLATFORM_ADMIN = "platform-admin"
+    TENANT_ADMIN = "admin"
+    MEMBER = "member"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,14 +52,32 @@ class Principal:
     user_id: str
     tenant_id: str
     role: str
+    token_id: str | None = None
 
     @property
-    def is_admin(self) -> bool:
-        return self.role == "admin"
+    def is_platform_admin(self) -> bool:
+        return self.role == Role.PLATFORM_ADMIN
+
+    @property
+    def is_tenant_admin(self) -> bool:
+        """An admin of its own tenant (a platform admin is one too)."""
+        return self.role in (Role.TENANT_ADMIN, Role.PLATFORM_ADMIN)
+
+    def sees(self, tenant_id: str) -> bool:
+        """Whether this caller may see the jobs and objects of ``tenant_id``."""
+        return self.is_platform_admin or tenant_id == self.tenant_id
+
+    def administers(self, tenant_id: str) -> bool:
+        """Whether this caller may manage the users and tokens of ``tenant_id``."""
+        return self.is_platform_admin or (self.is_tenant_admin and tenant_id == self.tenant_id)
 
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def iso(value: datetime | None) -> str | None:
+    return None if value is None else value.replace(tzinfo=UTC).isoformat()
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -71,55 +109,127 @@ class JobTokens:
         return hmac.compare_digest(self.issue(job_id), token)
 
 
-def create_token(store: Store, user_id: str) -> str:
+def new_token_id() -> str:
+    return "tok-" + secrets.token_hex(6)
+
+
+def issue_token(
+    session: Session, user_id: str, *, name: str, lifetime: timedelta
+) -> tuple[str, ApiToken]:
+    """A new token for ``user_id``, added to ``session``: the secret (shown once) and its row."""
     token = "ffdl_" + secrets.token_urlsafe(32)
-    with store.write() as session:
-        session.add(ApiToken(token_hash=hash_token(token), user_id=user_id, created_at=utcnow()))
-    return token
+    now = utcnow()
+    row = ApiToken(
+        token_hash=hash_token(token),
+        user_id=user_id,
+        created_at=now,
+        id=new_token_id(),
+        name=name,
+        expires_at=now + lifetime,
+    )
+    session.add(row)
+    return token, row
+
+
+MAX_TOKEN_DAYS = 36_500.0
+
+
+def token_lifetime(settings: Settings, days: float | None = None) -> timedelta:
+    """``days`` (default: the configured lifetime), capped where datetimes would overflow."""
+    return timedelta(days=min(settings.token_ttl_days if days is None else days, MAX_TOKEN_DAYS))
+
+
+def _upgrade_old_tokens(session: Session, settings: Settings) -> None:
+    """Give tokens from before ids and expiry existed an id, and an expiry from now on."""
+    expires_at = utcnow() + token_lifetime(settings)
+    for row in session.scalars(select(ApiToken).where(ApiToken.id.is_(None))).all():
+        row.id = new_token_id()
+    session.execute(
+        update(ApiToken).where(ApiToken.expires_at.is_(None)).values(expires_at=expires_at)
+    )
+
+
+def _bootstrap_user(session: Session) -> None:
+    """The default tenant and its platform admin; an older platform's admin is promoted."""
+    now = utcnow()
+    if session.get(Tenant, DEFAULT_TENANT) is None:
+        session.add(Tenant(id=DEFAULT_TENANT, name="Default tenant", created_at=now))
+        session.flush()
+    admin = session.get(User, ADMIN_USER)
+    if admin is None:
+        session.add(
+            User(
+                id=ADMIN_USER,
+                tenant_id=DEFAULT_TENANT,
+                name="admin",
+                role=Role.PLATFORM_ADMIN.value,
+                created_at=now,
+            )
+        )
+    elif admin.tenant_id == DEFAULT_TENANT and admin.role == Role.TENANT_ADMIN:
+        admin.role = Role.PLATFORM_ADMIN.value
+
+
+def _usable_client_token(store: Store, config_path: Path) -> str | None:
+    """The token of an existing client config, if it is valid for more than a week yet."""
+    try:
+        candidate = str(json.loads(config_path.read_text()).get("token", ""))
+    except (ValueError, OSError, AttributeError):
+        return None
+    with store.read() as session:
+        row = session.get(ApiToken, hash_token(candidate))
+    if row is None or row.user_id != ADMIN_USER:
+        return None
+    if row.expires_at is not None and row.expires_at - utcnow() < RENEW_WITHIN:
+        return None
+    return candidate
 
 
 def bootstrap(store: Store, settings: Settings) -> None:
-    """First start: default tenant and admin; always: a client config that works."""
+    """Every start: the default tenant and platform admin, and a client config that works."""
     with store.write() as session:
-        if session.get(Tenant, DEFAULT_TENANT) is None:
-            now = utcnow()
-            session.add(Tenant(id=DEFAULT_TENANT, name="Default tenant", created_at=now))
-            session.flush()
-            session.add(
-                User(
-                    id=ADMIN_USER,
-                    tenant_id=DEFAULT_TENANT,
-                    name="admin",
-                    role="admin",
-                    created_at=now,
-                )
-            )
+        _bootstrap_user(session)
+        _upgrade_old_tokens(session, settings)
     config_path = settings.client_config_path
-    token: str | None = None
-    if config_path.exists():
-        try:
-            existing = json.loads(config_path.read_text())
-            candidate = str(existing.get("token", ""))
-            with store.read() as session:
-                if session.get(ApiToken, hash_token(candidate)) is not None:
-                    token = candidate
-        except (ValueError, OSError):
-            token = None
+    token = _usable_client_token(store, config_path) if config_path.exists() else None
     if token is None:
-        token = create_token(store, ADMIN_USER)
+        with store.write() as session:
+            token, _row = issue_token(
+                session, ADMIN_USER, name=BOOTSTRAP_TOKEN_NAME, lifetime=token_lifetime(settings)
+            )
     _write_private(config_path, json.dumps({"url": settings.api_url, "token": token}, indent=2))
 
 
 def authenticate(store: Store, authorization: str | None) -> Principal:
     if not authorization or not authorization.lower().startswith("bearer "):
         raise AuthError("missing bearer token: send 'Authorization: Bearer <token>'")
-    token = authorization.split(" ", 1)[1].strip()
+    token_hash = hash_token(authorization.split(" ", 1)[1].strip())
     with store.read() as session:
         row = session.execute(
-            select(User.id, User.tenant_id, User.role)
+            select(
+                User.id,
+                User.tenant_id,
+                User.role,
+                ApiToken.id,
+                ApiToken.expires_at,
+                ApiToken.last_used_at,
+            )
             .join(ApiToken, ApiToken.user_id == User.id)
-            .where(ApiToken.token_hash == hash_token(token))
+            .where(ApiToken.token_hash == token_hash)
         ).first()
     if row is None:
         raise AuthError("invalid or revoked token")
-    return Principal(user_id=row[0], tenant_id=row[1], role=row[2])
+    user_id, tenant_id, role, token_id, expires_at, last_used_at = row
+    now = utcnow()
+    if expires_at is not None and expires_at <= now:
+        raise AuthError(
+            f"token expired at {iso(expires_at)}: get a new one (`ffdl token create` "
+            "with a valid token, or from an admin)",
+            detail={"reason": "expired", "expires_at": iso(expires_at)},
+        )
+    if last_used_at is None or now - last_used_at >= LAST_USED_RESOLUTION:
+        with store.write() as session:
+            session.execute(
+                update(ApiToken).where(ApiToken.token_hash == token_hash).values(last_used_at=now)
+            )
+    return Principal(user_id=user_id, tenant_id=tenant_id, role=role, token_id=token_id)

@@ -5,18 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
-from ffdl.server.services.cluster import cluster_view, queue_view
-from ffdl.server.services.nodes import set_drained
+from ffdl.server.services.cluster import cluster_view, drain, queue_view
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
 
 
 @router.get("/nodes")
 def get_nodes(platform: PlatformDep, principal: PrincipalDep) -> dict[str, Any]:
-    return cluster_view(platform)
+    return cluster_view(platform, principal)
 
 
 @router.get("/queue")
@@ -25,7 +24,8 @@ def get_queue(platform: PlatformDep, principal: PrincipalDep) -> dict[str, Any]:
 
 
 class DrainRequest(BaseModel):
-    reason: str = "maintenance"
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(default="maintenance", max_length=200)
 
 
 @router.post("/nodes/{name}/drain")
@@ -33,9 +33,9 @@ def drain_node(
     platform: PlatformDep, principal: PrincipalDep, name: str, body: DrainRequest | None = None
 ) -> dict[str, Any]:
     reason = body.reason if body is not None else "maintenance"
-    return set_drained(platform, principal, name, True, reason)
+    return drain(platform, principal, name, True, reason)
 
 
 @router.post("/nodes/{name}/undrain")
 def undrain_node(platform: PlatformDep, principal: PrincipalDep, name: str) -> dict[str, Any]:
-    return set_drained(platform, principal, name, False)
+    return drain(platform, principal, name, False)

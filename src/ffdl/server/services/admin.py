@@ -1,4 +1,8 @@
-"""Administration: tenants, their quotas, users and tokens. Admins only."""
+"""Administration: tenants, their quotas, and users; each change goes to the audit log.
+
+Platform admins create tenants and set quotas (a tenant admin raising its own quota would
+defeat quotas); tenant admins add members and tenant admins to their own tenant.
+"""
 
 from __future__ import annotations
 
@@ -9,39 +13,49 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
 from ffdl.core.errors import BadRequest, ConflictError, Forbidden, NotFound
-from ffdl.server.auth import Principal, create_token
+from ffdl.server.auth import Principal, Role, issue_token, token_lifetime
 from ffdl.server.platform import Platform
+from ffdl.server.services import audit
 from ffdl.server.store.models import Tenant, User
 from ffdl.server.store.transitions import utcnow
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# Far above any real cluster, far below what the database's integers hold.
+MAX_QUOTA = 1_000_000
+MAX_TEXT = 200
 
 
 class TenantCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    id: str
-    name: str = ""
-    max_gpus: int | None = Field(default=None, ge=0)
-    max_running_jobs: int | None = Field(default=None, ge=0)
+    id: str = Field(max_length=63)
+    name: str = Field(default="", max_length=MAX_TEXT)
+    max_gpus: int | None = Field(default=None, ge=0, le=MAX_QUOTA)
+    max_running_jobs: int | None = Field(default=None, ge=0, le=MAX_QUOTA)
 
 
 class QuotaUpdate(BaseModel):
     """New limits; a field left out is unchanged, ``-1`` removes that limit."""
 
     model_config = ConfigDict(extra="forbid")
-    max_gpus: int | None = Field(default=None, ge=-1)
-    max_running_jobs: int | None = Field(default=None, ge=-1)
+    max_gpus: int | None = Field(default=None, ge=-1, le=MAX_QUOTA)
+    max_running_jobs: int | None = Field(default=None, ge=-1, le=MAX_QUOTA)
 
 
 class UserCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str
-    role: str = "member"
+    name: str = Field(max_length=63)
+    role: str = Field(default=Role.MEMBER.value, max_length=32)
 
 
 def require_admin(principal: Principal) -> None:
-    if not principal.is_admin:
+    """An admin of some tenant; platform-wide operations need ``require_platform_admin``."""
+    if not principal.is_tenant_admin:
         raise Forbidden("only an admin may do this")
+
+
+def require_platform_admin(principal: Principal) -> None:
+    if not principal.is_platform_admin:
+        raise Forbidden("only a platform admin may do this")
 
 
 def tenant_json(tenant: Tenant) -> dict[str, Any]:
@@ -62,13 +76,17 @@ def _check_name(kind: str, value: str) -> None:
 
 
 def list_tenants(platform: Platform, principal: Principal) -> list[dict[str, Any]]:
+    """Every tenant for a platform admin; a tenant admin sees only its own."""
     require_admin(principal)
+    query = select(Tenant).order_by(Tenant.id)
+    if not principal.is_platform_admin:
+        query = query.where(Tenant.id == principal.tenant_id)
     with platform.store.read() as session:
-        return [tenant_json(t) for t in session.scalars(select(Tenant).order_by(Tenant.id))]
+        return [tenant_json(t) for t in session.scalars(query)]
 
 
 def create_tenant(platform: Platform, principal: Principal, body: TenantCreate) -> dict[str, Any]:
-    require_admin(principal)
+    require_platform_admin(principal)
     _check_name("id", body.id)
     with platform.store.write() as session:
         if session.get(Tenant, body.id) is not None:
@@ -81,24 +99,54 @@ def create_tenant(platform: Platform, principal: Principal, body: TenantCreate) 
             created_at=utcnow(),
         )
         session.add(tenant)
+        audit.record(
+            session,
+            principal,
+            "tenant.create",
+            body.id,
+            tenant_id=body.id,
+            detail=f"max_gpus={body.max_gpus} max_running_jobs={body.max_running_jobs}",
+        )
     return tenant_json(tenant)
 
 
 def update_quota(
     platform: Platform, principal: Principal, tenant_id: str, body: QuotaUpdate
 ) -> dict[str, Any]:
-    require_admin(principal)
+    require_platform_admin(principal)
     with platform.store.write() as session:
         tenant = session.get(Tenant, tenant_id)
         if tenant is None:
             raise NotFound(f"no tenant {tenant_id!r}")
+        before = f"max_gpus={tenant.max_gpus} max_running_jobs={tenant.max_running_jobs}"
         if body.max_gpus is not None:
             tenant.max_gpus = None if body.max_gpus < 0 else body.max_gpus
         if body.max_running_jobs is not None:
             tenant.max_running_jobs = None if body.max_running_jobs < 0 else body.max_running_jobs
+        after = f"max_gpus={tenant.max_gpus} max_running_jobs={tenant.max_running_jobs}"
+        audit.record(
+            session,
+            principal,
+            "tenant.quota",
+            tenant_id,
+            tenant_id=tenant_id,
+            detail=f"{before} -> {after}",
+        )
         result = tenant_json(tenant)
     platform.wakeups.notify("scheduler")
     return result
+
+
+def _check_role(principal: Principal, tenant_id: str, role: str) -> None:
+    roles = [r.value for r in Role]
+    if role not in roles:
+        raise BadRequest(
+            f"role must be one of {', '.join(roles)}, got {role!r}", detail={"field": "role"}
+        )
+    if not principal.administers(tenant_id):
+        raise Forbidden(f"only a platform admin or an admin of {tenant_id!r} may add its users")
+    if role == Role.PLATFORM_ADMIN and not principal.is_platform_admin:
+        raise Forbidden("only a platform admin may create platform admins")
 
 
 def create_user(
@@ -106,11 +154,8 @@ def create_user(
 ) -> dict[str, Any]:
     """Create a user and return its first token (shown only this once)."""
     require_admin(principal)
+    _check_role(principal, tenant_id, body.role)
     _check_name("name", body.name)
-    if body.role not in ("admin", "member"):
-        raise BadRequest(
-            f"role must be 'admin' or 'member', got {body.role!r}", detail={"field": "role"}
-        )
     user_id = f"{tenant_id}.{body.name}"
     with platform.store.write() as session:
         if session.get(Tenant, tenant_id) is None:
@@ -122,5 +167,22 @@ def create_user(
                 id=user_id, tenant_id=tenant_id, name=body.name, role=body.role, created_at=utcnow()
             )
         )
-    token = create_token(platform.store, user_id)
-    return {"user": user_id, "tenant": tenant_id, "role": body.role, "token": token}
+        session.flush()
+        token, row = issue_token(
+            session, user_id, name="first token", lifetime=token_lifetime(platform.settings)
+        )
+        audit.record(
+            session,
+            principal,
+            "user.create",
+            user_id,
+            tenant_id=tenant_id,
+            detail=f"role={body.role} token={row.id}",
+        )
+    return {
+        "user": user_id,
+        "tenant": tenant_id,
+        "role": body.role,
+        "token": token,
+        "token_id": row.id,
+    }

@@ -1,4 +1,9 @@
-"""The cluster and queue views: who holds which GPUs, and what waits for what."""
+"""The cluster and queue views: who holds which GPUs, and what waits for what; draining.
+
+A caller sees its own tenant's jobs by id; another tenant's allocations show only as GPUs
+"in use", so that the node view does not leak which jobs other tenants run. Platform
+admins see everything, and only they drain and undrain nodes.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +16,28 @@ from ffdl.core.resources import Placement, Resources
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.server.auth import Principal
 from ffdl.server.platform import Platform
-from ffdl.server.services.nodes import effective_nodes
+from ffdl.server.services import audit
+from ffdl.server.services.admin import require_platform_admin
+from ffdl.server.services.nodes import effective_nodes, set_drained
 from ffdl.server.services.queries import eta_text, iso
 from ffdl.server.store.models import Job
 
+IN_USE = "in use"
 
-def cluster_view(platform: Platform) -> dict[str, Any]:
+
+def _holder(principal: Principal, row: Any, learner: int, gpu_ids: list[int]) -> dict[str, Any]:
+    if principal.sees(row.tenant_id):
+        return {
+            "model_id": row.id,
+            "tenant": row.tenant_id,
+            "status": row.status,
+            "learner": learner,
+            "gpu_ids": gpu_ids,
+        }
+    return {"model_id": None, "tenant": None, "status": IN_USE, "learner": None, "gpu_ids": gpu_ids}
+
+
+def cluster_view(platform: Platform, principal: Principal) -> dict[str, Any]:
     holding = [s.value for s in HOLDING_JOB_STATES]
     with platform.store.read() as session:
         rows = session.execute(
@@ -39,15 +60,7 @@ def cluster_view(platform: Platform) -> dict[str, Any]:
             if lp.node not in used:
                 continue
             used[lp.node] = used[lp.node] + per_learner
-            holders[lp.node].append(
-                {
-                    "model_id": row.id,
-                    "tenant": row.tenant_id,
-                    "status": row.status,
-                    "learner": lp.learner,
-                    "gpu_ids": list(lp.gpu_ids),
-                }
-            )
+            holders[lp.node].append(_holder(principal, row, lp.learner, list(lp.gpu_ids)))
     return {
         "nodes": [
             {
@@ -72,9 +85,9 @@ def cluster_view(platform: Platform) -> dict[str, Any]:
 
 
 def queue_view(platform: Platform, principal: Principal) -> dict[str, Any]:
-    """Queued jobs in queue order; members see their own tenant's, admins everyone's."""
+    """Queued jobs in queue order: the caller's tenant's, or everyone's for a platform admin."""
     query = select(Job).where(Job.status == JobStatus.QUEUED.value)
-    if not principal.is_admin:
+    if not principal.is_platform_admin:
         query = query.where(Job.tenant_id == principal.tenant_id)
     with platform.store.read() as session:
         jobs = session.scalars(query).all()
@@ -100,3 +113,15 @@ def queue_view(platform: Platform, principal: Principal) -> dict[str, Any]:
             }
         )
     return {"queue": entries}
+
+
+def drain(
+    platform: Platform, principal: Principal, name: str, drained: bool, reason: str = ""
+) -> dict[str, Any]:
+    """Drain or undrain a node (platform admins only), recorded in the audit log."""
+    require_platform_admin(principal)
+    result = set_drained(platform, principal, name, drained, reason)
+    action = "node.drain" if drained else "node.undrain"
+    with platform.store.write() as session:
+        audit.record(session, principal, action, name, tenant_id=None, detail=reason)
+    return result

@@ -1,7 +1,8 @@
 """What a user asks of an existing job: halt, resume, re-prioritise, delete.
 
 Each request records the desired state (and the status change it implies at once) and
-wakes the loops that carry it out; none of them touches a learner process directly.
+wakes the loops that carry it out; none of them touches a learner process directly. A
+platform admin acting on another tenant's job is an administrative action: it is audited.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import time
 from typing import Any
 
 from sqlalchemy import delete as sql_delete
+from sqlalchemy.orm import Session
 
 from ffdl.core.errors import BadRequest, ConflictError
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus, is_terminal
 from ffdl.server.auth import Principal
 from ffdl.server.platform import Platform
+from ffdl.server.services import audit
 from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.queries import load_job
 from ffdl.server.store.models import Job
@@ -24,9 +27,19 @@ from ffdl.server.store.transitions import set_job_status
 _CANCEL_WAIT_S = 15.0
 
 
+def _load_for_change(
+    session: Session, principal: Principal, job_id: str, action: str, detail: str = ""
+) -> Job:
+    """The job to change; auditing the change when the job is another tenant's."""
+    job = load_job(session, principal, job_id)
+    if job.tenant_id != principal.tenant_id:
+        audit.record(session, principal, action, job_id, tenant_id=job.tenant_id, detail=detail)
+    return job
+
+
 def halt_job(platform: Platform, principal: Principal, job_id: str) -> None:
     with platform.store.write() as session:
-        job = load_job(session, principal, job_id)
+        job = _load_for_change(session, principal, job_id, "job.halt")
         status = JobStatus(job.status)
         if status == JobStatus.QUEUED:
             set_job_status(session, job, JobStatus.HALTED, "halted by user while queued")
@@ -45,7 +58,7 @@ def halt_job(platform: Platform, principal: Principal, job_id: str) -> None:
 
 def resume_job(platform: Platform, principal: Principal, job_id: str) -> None:
     with platform.store.write() as session:
-        job = load_job(session, principal, job_id)
+        job = _load_for_change(session, principal, job_id, "job.resume")
         status = JobStatus(job.status)
         if status != JobStatus.HALTED:
             raise ConflictError(
@@ -74,7 +87,7 @@ def _int_in_range(value: Any, field: str, low: int, high: int | None = None) -> 
 def set_priority(platform: Platform, principal: Principal, job_id: str, priority: Any) -> None:
     priority = _int_in_range(priority, "priority", 0, 100)
     with platform.store.write() as session:
-        job = load_job(session, principal, job_id)
+        job = _load_for_change(session, principal, job_id, "job.priority", f"{priority}")
         if is_terminal(JobStatus(job.status)):
             raise ConflictError(f"cannot change the priority of {job_id}: it is {job.status}")
         job.priority = priority
@@ -85,7 +98,7 @@ def scale_job(platform: Platform, principal: Principal, job_id: str, gpus: Any) 
     """Pin an elastic job to ``gpus`` GPUs in total; the autoscaler carries it out."""
     gpus = _int_in_range(gpus, "gpus", 1)
     with platform.store.write() as session:
-        job = load_job(session, principal, job_id)
+        job = _load_for_change(session, principal, job_id, "job.scale", f"gpus={gpus}")
         if is_terminal(JobStatus(job.status)):
             raise ConflictError(f"cannot scale {job_id}: it is {job.status}")
         elastic = (job.manifest.get("elastic") or {}).get("gpus") if job.elastic else None
@@ -110,7 +123,7 @@ def scale_job(platform: Platform, principal: Principal, job_id: str, gpus: Any) 
 def delete_job(platform: Platform, principal: Principal, job_id: str) -> dict[str, Any]:
     """Cancel a live job (and wait briefly for its processes to go), or remove a finished one."""
     with platform.store.write() as session:
-        job = load_job(session, principal, job_id)
+        job = _load_for_change(session, principal, job_id, "job.delete")
         status = JobStatus(job.status)
         if is_terminal(status):
             session.execute(sql_delete(Job).where(Job.id == job_id))

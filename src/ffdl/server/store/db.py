@@ -3,6 +3,10 @@
 Readers never block in WAL mode; writers in one process take ``Store.write()``'s lock so
 that concurrent request threads and loops never race for SQLite's single write lock
 (which would surface as "database is locked").
+
+Schema changes: ``create_all`` creates missing tables, and ``add_missing_columns`` brings
+tables of an older database up to date by adding the nullable columns they lack. That is
+the whole migration story until a real migration framework is needed.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from ffdl.server.store.models import Base
@@ -25,6 +29,41 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.close()
+
+
+def add_missing_columns(engine: Engine) -> list[str]:
+    """Add to existing tables the columns (and indexes) of the models they lack.
+
+    Only nullable columns can be added to a table that may hold rows; a non-nullable one is
+    a schema change this step cannot make, and says so. Returns ``table.column`` names added.
+    """
+    inspector = inspect(engine)
+    preparer = engine.dialect.identifier_preparer
+    added: list[str] = []
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            if not inspector.has_table(table.name):
+                continue
+            present = {column["name"] for column in inspector.get_columns(table.name)}
+            missing = [column for column in table.columns if column.name not in present]
+            for column in missing:
+                if not column.nullable:
+                    raise RuntimeError(
+                        f"database table {table.name} lacks the non-nullable column "
+                        f"{column.name}; it cannot be added automatically"
+                    )
+                column_type = column.type.compile(dialect=engine.dialect)
+                conn.execute(
+                    text(
+                        f"ALTER TABLE {preparer.format_table(table)} "
+                        f"ADD COLUMN {preparer.format_column(column)} {column_type}"
+                    )
+                )
+                added.append(f"{table.name}.{column.name}")
+            if missing:
+                for index in table.indexes:
+                    index.create(conn, checkfirst=True)
+    return added
 
 
 class Store:
@@ -41,8 +80,10 @@ class Store:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_lock = threading.RLock()
 
-    def create_all(self) -> None:
+    def create_all(self) -> list[str]:
+        """Create missing tables, then add missing columns; the columns added."""
         Base.metadata.create_all(self.engine)
+        return add_missing_columns(self.engine)
 
     @contextmanager
     def read(self) -> Iterator[Session]:

@@ -2,6 +2,8 @@
 
 Status columns are written only by ``transitions.py``. Log lines and metrics carry the
 controller's per-attempt sequence number so that a retried report is never stored twice.
+Columns added to a table that older databases already have must be nullable: ``db.py``
+adds them to an existing database with ``ALTER TABLE ... ADD COLUMN``.
 """
 
 from __future__ import annotations
@@ -31,14 +33,43 @@ class User(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     name: Mapped[str] = mapped_column(String(200))
-    role: Mapped[str] = mapped_column(String(16))  # admin | member
+    role: Mapped[str] = mapped_column(String(16))  # platform-admin | admin | member
     created_at: Mapped[datetime]
 
 
 class ApiToken(Base):
+    """A user's bearer token, stored only as its hash; ``id`` names it without revealing it.
+
+    ``id``, ``name`` and ``expires_at`` are nullable because databases from before they
+    existed gain them by ``ALTER TABLE``; bootstrap fills them in for such old rows.
+    """
+
     __tablename__ = "api_tokens"
     token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    created_at: Mapped[datetime]
+    id: Mapped[str | None] = mapped_column(String(32), default=None, unique=True, index=True)
+    name: Mapped[str | None] = mapped_column(String(200), default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class AuditEvent(Base):
+    """An administrative action: who did what to which object, and when.
+
+    Separate from ``Event`` (a job's status history), which needs a job. ``tenant_id`` is
+    the tenant the action concerns, so that its admins see what was done to it; ``None``
+    for platform-wide actions such as draining a node.
+    """
+
+    __tablename__ = "audit_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    actor_user_id: Mapped[str] = mapped_column(String(64))
+    actor_tenant_id: Mapped[str] = mapped_column(String(64), index=True)
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(200))
+    tenant_id: Mapped[str | None] = mapped_column(String(64), default=None, index=True)
+    detail: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime]
 
 
