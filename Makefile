@@ -3,7 +3,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck bench clean sandbox-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,7 +12,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[examples,dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# Learners run under bubblewrap; root installs it (and iproute2 for distributed jobs).
+sandbox-tools:
+	@if ! command -v bwrap >/dev/null || ! command -v ip >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq bubblewrap iproute2 util-linux >/dev/null; \
+	  else \
+	    echo "bubblewrap is missing: ask an administrator to 'apt-get install bubblewrap'"; \
+	  fi; \
+	fi
+
+demo: $(STAMP) sandbox-tools
 	$(BIN)/ffdl demo
 
 lint: $(STAMP)

@@ -1,4 +1,5 @@
-"""GPU pinning on real NVIDIA devices: discovery, one learner per GPU, CPU jobs see none.
+"""GPU pinning on real NVIDIA devices: discovery, one learner per GPU, CPU jobs see none,
+and a sandboxed learner has no device node but its own GPU's.
 
 Skipped on machines without ``nvidia-smi`` and a GPU (CI has none). The learners import
 torch and run a matrix product on the device they were given.
@@ -23,16 +24,19 @@ pytestmark = [
     pytest.mark.skipif(not GPUS, reason="needs an NVIDIA GPU (nvidia-smi found none)"),
 ]
 
-# Waits for a release file so that the test decides when the GPUs are given back.
+# Waits for a release file (in its JOB_STATE_DIR, the only place the test can reach into
+# the sandbox) so that the test decides when the GPUs are given back.
 PROBE = """
-import json, os, time
+import glob, json, os, time
 import torch
 
+RELEASE = os.path.join(os.environ["JOB_STATE_DIR"], "release")
 count = torch.cuda.device_count()
 info = {
     "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "order": os.environ.get("CUDA_DEVICE_ORDER"),
     "count": count,
+    "devices": sorted(glob.glob("/dev/nvidia[0-9]*")),
 }
 if count:
     props = torch.cuda.get_device_properties(0)
@@ -52,9 +56,12 @@ def host(tmp_path: Path) -> Iterator[LiveServer]:
         yield live
 
 
-def _probe_job(release: Path, gpus: int) -> tuple[str, dict[str, str]]:
-    script = PROBE.replace("RELEASE", repr(str(release)))
-    return manifest_yaml("python probe.py", gpus=gpus, memory="2GiB"), {"probe.py": script}
+def _probe_job(gpus: int) -> tuple[str, dict[str, str]]:
+    return manifest_yaml("python probe.py", gpus=gpus, memory="4GiB"), {"probe.py": PROBE}
+
+
+def _release(server: LiveServer, job_id: str) -> None:
+    (server.home / "jobs" / job_id / "state" / "release").touch()
 
 
 def _probe(server: LiveServer, job_id: str) -> dict[str, Any] | None:
@@ -80,11 +87,8 @@ def test_the_local_node_reports_this_hosts_gpus(host: LiveServer) -> None:
     assert nodes[0]["gpu_type"] == GPUS[0].name
 
 
-def test_each_learner_sees_only_its_own_gpu_and_the_next_job_waits(
-    host: LiveServer, tmp_path: Path
-) -> None:
-    release = tmp_path / "release"
-    manifest, files = _probe_job(release, gpus=1)
+def test_each_learner_sees_only_its_own_gpu_and_the_next_job_waits(host: LiveServer) -> None:
+    manifest, files = _probe_job(gpus=1)
     ids = [host.submit_ok(manifest, files) for _ in range(len(GPUS) + 1)]
     running, extra = ids[:-1], ids[-1]
 
@@ -105,22 +109,26 @@ def test_each_learner_sees_only_its_own_gpu_and_the_next_job_waits(
         assert probe["visible"] == str(gpu.index)
         assert probe["order"] == "PCI_BUS_ID"
         assert _bare(probe["uuid"]) == _bare(gpu.uuid), (probe, gpu)
+        # The sandbox holds the device node of its own GPU and of no other.
+        assert probe["devices"] == [f"/dev/nvidia{gpu.index}"], probe
         seen.add(probe["uuid"])
     assert len(seen) == len(GPUS), "two learners were given the same GPU"
 
-    release.touch()
+    for job_id in running:
+        _release(host, job_id)
+    wait_for(lambda: _probe(host, extra), timeout=120, what="the waiting job's probe")
+    _release(host, extra)
     for job_id in ids:
         host.wait_status(job_id, {"COMPLETED"}, timeout=120)
     last = _probe(host, extra)
     assert last is not None and last["count"] == 1
 
 
-def test_a_job_without_gpus_sees_no_device(host: LiveServer, tmp_path: Path) -> None:
-    release = tmp_path / "release"
-    release.touch()
-    manifest, files = _probe_job(release, gpus=0)
+def test_a_job_without_gpus_sees_no_device(host: LiveServer) -> None:
+    manifest, files = _probe_job(gpus=0)
     job_id = host.submit_ok(manifest, files)
+    probe = wait_for(lambda: _probe(host, job_id), timeout=120, what="the probe")
+    _release(host, job_id)
     host.wait_status(job_id, {"COMPLETED"}, timeout=120)
-    probe = _probe(host, job_id)
-    assert probe is not None
     assert probe["count"] == 0 and probe["visible"] == ""
+    assert probe["devices"] == []

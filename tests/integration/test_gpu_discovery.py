@@ -61,23 +61,22 @@ def host(two_gpus: Path, tmp_path: Path) -> Iterator[LiveServer]:
         yield live
 
 
+# The release file lies in the job's own JOB_STATE_DIR: the sandbox shows nothing else.
 ENV_PROBE = """
 import os, time
 print("PIN", os.environ["CUDA_VISIBLE_DEVICES"], os.environ["CUDA_DEVICE_ORDER"], flush=True)
+RELEASE = os.path.join(os.environ["JOB_STATE_DIR"], "release")
 deadline = time.monotonic() + 60
 while not os.path.exists(RELEASE) and time.monotonic() < deadline:
     time.sleep(0.05)
 """
 
 
-def test_learners_running_together_are_pinned_to_distinct_gpus(
-    host: LiveServer, tmp_path: Path
-) -> None:
+def test_learners_running_together_are_pinned_to_distinct_gpus(host: LiveServer) -> None:
     nodes = host.client.get("/v1/nodes").json()["nodes"]
     assert [(n["gpus"], n["gpu_type"]) for n in nodes] == [(2, "NVIDIA H100 80GB HBM3")]
 
-    release = tmp_path / "release"
-    files = {"probe.py": ENV_PROBE.replace("RELEASE", repr(str(release)))}
+    files = {"probe.py": ENV_PROBE}
     ids = [host.submit_ok(manifest_yaml("python probe.py"), files) for _ in range(3)]
 
     def pin_line(job_id: str) -> str | None:
@@ -99,6 +98,9 @@ def test_learners_running_together_are_pinned_to_distinct_gpus(
     assert pins == {"0", "1"}
     third = host.model(ids[2])
     assert third["training"]["training_status"]["status"] == "QUEUED", third["training"]
-    release.touch()
+    for job_id in ids[:2]:
+        (host.home / "jobs" / job_id / "state" / "release").touch()
+    wait_for(lambda: pin_line(ids[2]), timeout=60, what="the third job running")
+    (host.home / "jobs" / ids[2] / "state" / "release").touch()
     for job_id in ids:
         host.wait_status(job_id, {"COMPLETED"}, timeout=60)

@@ -17,6 +17,7 @@ def make_tree(root: Path) -> None:
     (root / "nested" / "deeper" / "three.txt").write_text("333")
     (root / "empty").mkdir()
     (root / "linked").symlink_to(root / "nested")
+    (root / "host-file").symlink_to("/etc/hostname")
 
 
 def test_copy_tree_copies_everything_and_reports_the_end(tmp_path: Path) -> None:
@@ -27,12 +28,41 @@ def test_copy_tree_copies_everything_and_reports_the_end(tmp_path: Path) -> None
     stats = copy_tree(str(source), str(target), label="staging data", progress=lines.append)
 
     assert (stats.files_total, stats.files_done, stats.files_skipped) == (3, 3, 0)
-    assert lines == ["[ffdl] staging data: 3/3 files, 1.5/1.5 MB"]
+    # Links are never followed (a tree may be a job's own): each one left out is named.
+    assert lines == [
+        "[ffdl] staging data: left out host-file: a link or special file is not copied",
+        "[ffdl] staging data: left out linked: a link or special file is not copied",
+        "[ffdl] staging data: 3/3 files, 1.5/1.5 MB",
+    ]
     assert (target / "nested" / "deeper" / "three.txt").read_text() == "333"
     assert (target / "empty").is_dir()
-    assert os.readlink(target / "linked") == str(source / "nested")
+    assert not os.path.lexists(target / "linked")
+    assert not os.path.lexists(target / "host-file")
     assert (target / "nested" / "two.bin").stat().st_mtime_ns == (
         (source / "nested" / "two.bin").stat().st_mtime_ns
+    )
+
+
+def test_a_file_swapped_for_a_link_after_planning_is_not_read(tmp_path: Path) -> None:
+    source, target = tmp_path / "src", tmp_path / "dst"
+    source.mkdir()
+    (source / "model.txt").write_text("weights")
+    secret = tmp_path / "secret"
+    secret.write_text("host secret")
+    swapped = False
+
+    def swap(_line: str) -> None:
+        nonlocal swapped
+        if not swapped:
+            swapped = True
+            (source / "model.txt").unlink()
+            (source / "model.txt").symlink_to(secret)
+
+    (source / "a-link").symlink_to(secret)  # its progress line triggers the swap
+    with pytest.raises(StagingError, match="model.txt"):
+        copy_tree(str(source), str(target), label="storing results", progress=swap)
+    assert not (target / "model.txt").exists() or "host secret" not in (
+        (target / "model.txt").read_text()
     )
 
 

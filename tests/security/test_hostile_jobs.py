@@ -245,9 +245,7 @@ time.sleep(600)
 
 def test_a_learner_over_its_memory_fails_with_its_limit(server: LiveServer) -> None:
     script = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 * 1024))\n"
-    job_id = server.submit_ok(
-        manifest_yaml("python hog.py", memory="128MiB"), {"hog.py": script}
-    )
+    job_id = server.submit_ok(manifest_yaml("python hog.py", memory="128MiB"), {"hog.py": script})
     model = server.wait_status(job_id, {"FAILED"}, timeout=60)
     status = model["training"]["training_status"]
     assert "exceeded its memory limit of 128 MiB" in status["status_description"]

@@ -146,7 +146,7 @@ def copy_tree(
             os.makedirs(target, exist_ok=True)
     except OSError as exc:
         raise StagingError(f"cannot read {source}: {exc}") from exc
-    for relative in left_out:
+    for relative in sorted(left_out):
         progress(f"[ffdl] {label}: left out {relative}: a link or special file is not copied")
     stats = CopyStats(
         files_total=len(entries), bytes_total=sum(stat.st_size for _, _, stat in entries)
