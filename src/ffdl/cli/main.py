@@ -108,12 +108,25 @@ def up(
     home: Annotated[
         Path | None, typer.Option(help="Platform home (default: FFDL_HOME or ~/.ffdl).")
     ] = None,
+    no_sandbox: Annotated[
+        bool,
+        typer.Option(
+            "--no-sandbox",
+            help="Run learners without the bubblewrap sandbox: any job can then reach "
+            "the platform's files and other jobs. For trusted single-user machines only.",
+        ),
+    ] = False,
 ) -> None:
     """Start the ffdl platform (API server, scheduler, dashboard) in the foreground."""
     # The server stack is heavy; only `up` pays for importing it.
     from ffdl.server.main import serve
 
-    serve(home=(home or ClientSettings().home).expanduser(), host=host, port=port)
+    serve(
+        home=(home or ClientSettings().home).expanduser(),
+        host=host,
+        port=port,
+        sandbox=False if no_sandbox else None,
+    )
 
 
 @app.command()
