@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import zipfile
+import zlib
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ffdl.backends.base import LaunchRequest, LearnerState
-from ffdl.core.errors import FfdlError, IllegalTransition
+from ffdl.core.errors import ArchiveError, FfdlError, IllegalTransition
 from ffdl.core.manifest import Manifest
 from ffdl.core.resources import Placement
 from ffdl.core.status import TERMINAL_LEARNER_STATES, ErrorCode, JobStatus, LearnerStatus
@@ -51,16 +54,30 @@ def lcm_pass(platform: Platform) -> None:
         preempted = session.scalars(
             select(Job.id).where(Job.status == JobStatus.HALTED.value, Job.desired == PREEMPTED)
         ).all()
-    for job_id in to_cancel:
-        cancel(platform, job_id)
-    for job_id in to_deploy:
-        deploy(platform, job_id)
-    for job_id in halting:
-        halt(platform, job_id)
-    for job_id in rescaling:
-        rescale(platform, job_id)
+    for step, job_ids in (
+        (cancel, to_cancel),
+        (deploy, to_deploy),
+        (halt, halting),
+        (rescale, rescaling),
+    ):
+        for job_id in job_ids:
+            _for_one_job(platform, step, job_id)
     if preempted:
         requeue_preempted(platform, list(preempted))
+
+
+def _for_one_job(platform: Platform, step: Callable[[Platform, str], None], job_id: str) -> None:
+    """Run one job's step; whatever goes wrong is that job's failure, never the pass's."""
+    try:
+        step(platform, job_id)
+    except Exception as exc:
+        log.exception("%s of %s failed", step.__name__, job_id)
+        code = ErrorCode.BAD_ARCHIVE if _is_archive_error(exc) else ErrorCode.DEPLOY_FAILED
+        _fail(platform, job_id, f"{step.__name__} failed: {type(exc).__name__}: {exc}", code.value)
+
+
+def _is_archive_error(exc: BaseException) -> bool:
+    return isinstance(exc, ArchiveError | zipfile.BadZipFile | zlib.error | EOFError)
 
 
 # -- deploy -------------------------------------------------------------------------------
@@ -100,6 +117,7 @@ def deploy(platform: Platform, job_id: str) -> None:
             unpack_archive(dirs.archive, dirs.code)
             if owner is not None:
                 hand_over(str(dirs.code), *owner)
+                dirs.code.chmod(0o700)
             _record_results_location(platform, job_id, _results_target(manifest, job_id, dirs))
             _record_step(platform, job_id, attempt, "prepare")
         for lp in placement.learners:
@@ -127,9 +145,10 @@ def deploy(platform: Platform, job_id: str) -> None:
                     session.add(
                         DeployStep(job_id=job_id, attempt=attempt, step=step, done_at=utcnow())
                     )
-    except (OSError, FfdlError, StagingError) as exc:
+    except (OSError, FfdlError, StagingError, zipfile.BadZipFile, zlib.error, EOFError) as exc:
         log.warning("deploy of %s failed: %s", job_id, exc)
-        _fail(platform, job_id, f"deploy failed: {exc}", ErrorCode.DEPLOY_FAILED.value)
+        code = ErrorCode.BAD_ARCHIVE if _is_archive_error(exc) else ErrorCode.DEPLOY_FAILED
+        _fail(platform, job_id, f"deploy failed: {exc}", code.value)
 
 
 def _results_target(manifest: Manifest, job_id: str, dirs: JobDirs) -> Path | None:
