@@ -3,7 +3,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean sandbox-tools
+.PHONY: demo test lint typecheck bench chaos clean sandbox-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ test: lint typecheck
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
+
+# The long chaos run (300 jobs, 6 clients, servers killed for up to 60 s); a short
+# version runs in `make test` (tests/integration/test_chaos.py).
+chaos: $(STAMP) sandbox-tools
+	$(BIN)/python benchmarks/chaos.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

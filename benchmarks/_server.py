@@ -14,11 +14,20 @@ from tests.integration.live import (  # noqa: E402
     FAST_CONFIG,
     LiveServer,
     code_zip,
+    job_pids,
     manifest_yaml,
     wait_for,
 )
 
-__all__ = ["FAST_CONFIG", "LiveServer", "code_zip", "manifest_yaml", "percentile", "wait_for"]
+__all__ = [
+    "FAST_CONFIG",
+    "LiveServer",
+    "code_zip",
+    "job_pids",
+    "manifest_yaml",
+    "percentile",
+    "wait_for",
+]
 
 
 def percentile(values: list[float], q: float) -> float:
