@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from ffdl.learner.metrics import (
+    MAX_LINE_BYTES,
     EMetric,
     EmetricsTailer,
+    MetricOutOfRange,
     compile_groups,
     match_line,
     parse_emetrics_line,
@@ -129,3 +132,135 @@ def test_tailer_stops_complaining_after_a_while(tmp_path: Path) -> None:
     EmetricsTailer(str(path), lambda _: None, problems.append).poll()
     assert len(problems) == 21
     assert problems[-1] == "further emetrics problems are not reported"
+
+
+# --- numbers the platform cannot store --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ('{"step": 1e20, "loss": 1}', "iteration out of range"),
+        ('{"iteration": 100000000000000000000000, "loss": 1}', "iteration out of range"),
+        ('{"step": -1, "loss": 1}', "iteration out of range"),
+        ('{"step": Infinity, "loss": 1}', "iteration out of range"),
+        ('{"step": 2, "time": 1e308, "loss": 1}', "time out of range"),
+        ('{"step": 2, "time": -5, "loss": 1}', "time out of range"),
+        ('{"step": 2, "time": 1' + "0" * 30 + ', "loss": 1}', "time out of range"),
+        ('{"step": 3, "loss": NaN}', "value 'loss' is not finite"),
+        ('{"step": 3, "loss": -Infinity}', "value 'loss' is not finite"),
+        ('{"step": 4, "loss": 1e300}', "value 'loss' out of range"),
+        ('{"iteration": 5, "values": {"acc": NaN}}', "value 'acc' is not finite"),
+        ('{"iteration": 5, "values": {"acc": 1}, "samples": 1e200}', "value 'samples'"),
+    ],
+)
+def test_metrics_with_numbers_out_of_range_are_dropped(line: str, why: str) -> None:
+    with pytest.raises(MetricOutOfRange, match=why):
+        parse_emetrics_line(line)
+
+
+def test_regex_metrics_out_of_range_are_dropped_and_reported() -> None:
+    groups, _ = compile_groups(
+        {
+            "train": {
+                "regex": r"step (?P<s>\S+) loss (?P<l>\S+)",
+                "scalars": {"loss": "l"},
+                "etimes": {"iteration": "s"},
+            }
+        }
+    )
+    problems: list[str] = []
+    assert match_line(groups, "step 1e20 loss 0.5", problems.append) == []
+    assert match_line(groups, "step 3 loss 1e300", problems.append) == []
+    assert match_line(groups, "step 3 loss 1e300") == []  # without a listener: dropped quietly
+    assert problems == [
+        "dropped metric of group 'train': iteration out of range",
+        "dropped metric of group 'train': value 'loss' out of range",
+    ]
+    assert match_line(groups, "step 4 loss 0.25") == [
+        EMetric(group="train", iteration=4, values={"loss": 0.25})
+    ]
+
+
+def test_tailer_drops_bad_metrics_with_a_warning_and_keeps_going(tmp_path: Path) -> None:
+    path = tmp_path / "emetrics.jsonl"
+    lines = [
+        '{"step": 1e20, "loss": 1}',
+        '{"step": 2, "time": 1e308, "loss": 1}',
+        '{"step": 3, "loss": NaN}',
+        '{"step": 4, "loss": 0.5}',
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    found: list[EMetric] = []
+    problems: list[str] = []
+    EmetricsTailer(str(path), found.append, problems.append).poll()
+    assert [(m.iteration, m.values) for m in found] == [(4, {"loss": 0.5})]
+    assert problems == [
+        f"dropped metric (line 1 of emetrics file {path}): iteration out of range",
+        f"dropped metric (line 2 of emetrics file {path}): time out of range",
+        f"dropped metric (line 3 of emetrics file {path}): value 'loss' is not finite",
+    ]
+
+
+# --- what the tailer will not read ----------------------------------------------------------
+
+
+def test_tailer_never_follows_a_symlink(tmp_path: Path) -> None:
+    secret = tmp_path / "shadow"
+    secret.write_text('{"step": 1, "root_password_hash": 1234}\n')
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    path = logs / "emetrics.jsonl"
+    path.symlink_to(secret)
+    found: list[EMetric] = []
+    problems: list[str] = []
+    tailer = EmetricsTailer(str(path), found.append, problems.append)
+    tailer.poll()
+    tailer.poll(final=True)
+    assert found == []
+    assert problems == [f"emetrics file {path} is a symbolic link; it is not read"]
+    # Once the link is replaced by a real file, the tailer reads that.
+    path.unlink()
+    path.write_text('{"step": 2, "loss": 0.1}\n')
+    tailer.poll()
+    assert [m.iteration for m in found] == [2]
+
+
+def test_tailer_does_not_follow_a_linked_directory(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "emetrics.jsonl").write_text('{"step": 1, "loss": 1}\n')
+    (tmp_path / "logs").symlink_to(real)
+    found: list[EMetric] = []
+    problems: list[str] = []
+    EmetricsTailer(str(tmp_path / "logs" / "emetrics.jsonl"), found.append, problems.append).poll()
+    assert found == [] and len(problems) == 1 and "is a link" in problems[0]
+
+
+def test_tailer_is_not_blocked_by_a_fifo(tmp_path: Path) -> None:
+    path = tmp_path / "emetrics.jsonl"
+    os.mkfifo(path)
+    found: list[EMetric] = []
+    problems: list[str] = []
+    tailer = EmetricsTailer(str(path), found.append, problems.append, poll_s=0.01)
+    tailer.start()
+    wait_until(lambda: problems, timeout_s=5, what="the FIFO to be refused")
+    tailer.stop(timeout_s=5)
+    assert not tailer._thread.is_alive()
+    assert found == []
+    assert problems == [f"emetrics file {path} is not a regular file; it is not read"]
+
+
+def test_tailer_drops_a_line_too_long_to_hold(tmp_path: Path) -> None:
+    path = tmp_path / "emetrics.jsonl"
+    with path.open("wb") as handle:
+        handle.write(b'{"step": 1, "loss": 1}\n')
+        handle.write(b"x" * (MAX_LINE_BYTES * 3))
+        handle.write(b'\n{"step": 3, "loss": 3}\n')
+    found: list[EMetric] = []
+    problems: list[str] = []
+    EmetricsTailer(str(path), found.append, problems.append).poll()
+    assert [m.iteration for m in found] == [1, 3]
+    assert problems == [
+        f"line 2 in emetrics file {path} is longer than {MAX_LINE_BYTES} bytes; dropped"
+    ]

@@ -1,9 +1,11 @@
 """A recording stand-in for the API's learner report endpoint, and tests of the stand-in.
 
 The controller tests import ``RecordingApi`` from here: a real threaded HTTP server on
-127.0.0.1 that accepts report batches, drops seqs it already has (as the API does), and can
-be told to fail with a status, to lose responses, to go down and come back on the same port,
-or to ask for halt or cancel.
+127.0.0.1 that accepts report batches, drops seqs it already has and, as the API does,
+refuses a batch that is not numbered consecutively (400) or does not continue from the last
+seq it holds (409 with ``expected_seq``); it can be told to fail with a status, to lose
+responses, to go down and come back on the same port, or to ask for halt or cancel. Every
+test using the ``api`` fixture also checks that the stream it received had no gaps.
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ class RecordingApi:
         self.accepted: list[dict[str, Any]] = []
         self.batches: list[dict[str, Any]] = []
         self.violations: list[str] = []
+        # First seqs of batches refused with 409 because they did not continue the stream.
+        self.refusals: list[int] = []
         self.last_seq: dict[tuple[str, int, int], int] = {}
         self.fail_status: int | None = None
         self.fail_remaining = 0
@@ -146,8 +150,13 @@ class RecordingApi:
             key = (training_id, learner, int(body["attempt"]))
             last = self.last_seq.get(key, 0)
             seqs = [item["seq"] for item in body["items"]]
-            if seqs != sorted(set(seqs)):
-                self.violations.append(f"seqs out of order in one batch: {seqs}")
+            if seqs and seqs != list(range(seqs[0], seqs[0] + len(seqs))):
+                self.violations.append(f"seqs not consecutive in one batch: {seqs}")
+                return 400, {"error": "items must be numbered consecutively"}
+            if seqs and seqs[0] > last + 1:
+                self.refusals.append(seqs[0])
+                detail = {"expected_seq": last + 1, "got": seqs[0]}
+                return 409, {"error": "seq gap", "code": "C409", "detail": detail}
             accepted = 0
             for item in body["items"]:
                 if item["seq"] > last:
@@ -192,6 +201,7 @@ def api() -> Iterator[RecordingApi]:
     recording.start()
     yield recording
     recording.stop()
+    assert recording.violations == []
 
 
 def _post(api: RecordingApi, items: list[dict[str, Any]], token: str = TOKEN) -> Any:
@@ -232,3 +242,14 @@ def test_stand_in_comes_back_on_the_same_port(api: RecordingApi) -> None:
     api.start()
     assert api.port == port
     assert _post(api, [])[0] == 200
+
+
+def test_stand_in_refuses_gaps_as_the_api_does(api: RecordingApi) -> None:
+    first = {"type": "log", "seq": 1, "time": 1.0, "stream": "stdout", "text": "a"}
+    jump = {"type": "log", "seq": 5, "time": 2.0, "stream": "stdout", "text": "b"}
+    status, answer = _post(api, [jump])
+    assert (status, answer["detail"]["expected_seq"]) == (409, 1)
+    assert _post(api, [first, jump])[0] == 400
+    assert api.log_texts() == []
+    assert api.violations == ["seqs not consecutive in one batch: [1, 5]"]
+    api.violations.clear()

@@ -93,8 +93,9 @@ def test_overflow_drops_the_oldest_logs_and_keeps_statuses(api: RecordingApi) ->
     assert dropped + len(kept) == 300
     assert kept == [f"line {index}" for index in range(dropped, 300)]
     assert texts.index(notices[0]) == 0
+    # What was dropped never reached the API, so the stream it received has no gaps.
     seqs = [item["seq"] for item in api.items()]
-    assert seqs == sorted(seqs)
+    assert seqs == list(range(1, len(seqs) + 1))
 
 
 def test_halt_and_cancel_answers_are_announced_once(api: RecordingApi) -> None:
@@ -139,3 +140,46 @@ def test_a_refused_batch_is_not_resent_forever(api: RecordingApi) -> None:
     assert not reporter.drain(5.0)
     assert api.log_texts() == ["accepted"]
     assert len(api.batches) == 2
+    # The refused item was never stored: the next one takes its seq.
+    assert [item["seq"] for item in api.items()] == [1]
+
+
+def test_a_reporter_ahead_of_the_api_renumbers_from_what_it_expects(api: RecordingApi) -> None:
+    reporter = make_reporter(api)
+    reporter.log("stdout", "one")
+    reporter.log("stdout", "two")
+    wait_until(lambda: len(api.items()) == 2, timeout_s=5, what="the first lines")
+    # The API lost what it had (say, restored from a backup): it expects seq 1 again.
+    with api.lock:
+        api.last_seq.clear()
+    reporter.log("stdout", "three")
+    reporter.status("COMPLETED")
+    assert reporter.drain(5.0)
+    assert api.refusals == [3]
+    assert api.log_texts() == ["one", "two", "three"]
+    assert [item["seq"] for item in api.items()] == [1, 2, 1, 2]
+
+
+def test_a_reporter_behind_the_api_is_not_swallowed_as_old(api: RecordingApi) -> None:
+    # Another controller of this attempt already reported 40 items (a restart mid-attempt).
+    with api.lock:
+        api.last_seq[("job-1", 1, 0)] = 40
+    reporter = make_reporter(api)
+    reporter.status("PROCESSING")
+    for index in range(5):
+        reporter.log("stdout", f"line {index}")
+    assert reporter.drain(5.0)
+    assert api.statuses() == ["PROCESSING"]
+    assert api.log_texts() == [f"line {index}" for index in range(5)]
+    assert [item["seq"] for item in api.items()] == list(range(41, 47))
+
+
+def test_a_heartbeat_tells_an_idle_reporter_where_the_stream_is(api: RecordingApi) -> None:
+    with api.lock:
+        api.last_seq[("job-1", 1, 0)] = 7
+    reporter = make_reporter(api, heartbeat_s=0.05)
+    wait_until(lambda: api.heartbeats() >= 2, timeout_s=5, what="heartbeats")
+    reporter.log("stdout", "after the heartbeat")
+    assert reporter.drain(5.0)
+    assert [item["seq"] for item in api.items()] == [8]
+    assert api.refusals == []

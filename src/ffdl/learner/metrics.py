@@ -3,18 +3,35 @@ JSON-lines emetrics file the job (or ``ffdl.sdk.report``) appends to.
 
 This module owns the parsing of both sources into ``EMetric`` values and the tailing of the
 emetrics file; the controller turns each ``EMetric`` into a report item.
+
+A metric is sent only with numbers the platform can store (``ffdl.core.limits``): an
+iteration of 1e20, a time of 1e308, or a value that is NaN, infinite or absurdly large
+drops the whole metric, with a warning line in the job's log. The emetrics file lives in a
+directory the job's user can write, and the controller reads it with more rights than the
+job has, so it is opened without following a symbolic link and read only if it is a
+regular file (a FIFO must not block the tailer either).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from ffdl.core.limits import (
+    MAX_METRIC_NAME,
+    MAX_METRIC_VALUES,
+    iteration_problem,
+    metric_value_problem,
+    time_problem,
+)
 
 DEFAULT_GROUP = "train"
 # Keys that carry the iteration in the flat emetrics shape, in order of preference.
@@ -24,6 +41,15 @@ _GO_NAMED_GROUP = re.compile(r"\(\?<(?=[A-Za-z_])")
 _READ_CHUNK = 1 << 20
 # A job writing garbage should not flood its own log with complaints.
 MAX_PROBLEMS_REPORTED = 20
+# O_NONBLOCK: opening a FIFO planted in place of the file must not hang the tailer.
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# A "line" longer than this is not a metric; it is dropped instead of held in memory.
+MAX_LINE_BYTES = 1 << 20
+
+
+class MetricOutOfRange(ValueError):
+    """A well-formed metric holding a number the platform cannot store; it is dropped."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +84,26 @@ class RegexGroup:
         iteration = None
         if self.iteration_group is not None:
             iteration = _to_iteration(_to_float(captured.get(self.iteration_group)))
-        return EMetric(group=self.name, iteration=iteration, values=values)
+        return checked(EMetric(group=self.name, iteration=iteration, values=values))
+
+
+def checked(metric: EMetric) -> EMetric:
+    """``metric`` when the platform can store its numbers; else ``MetricOutOfRange``."""
+    problem = iteration_problem(metric.iteration)
+    if problem is None and metric.time is not None:
+        problem = time_problem(metric.time)
+    if problem is None and len(metric.values) > MAX_METRIC_VALUES:
+        problem = f"more than {MAX_METRIC_VALUES} values"
+    for name, value in metric.values.items():
+        if problem is not None:
+            break
+        if len(name) > MAX_METRIC_NAME:
+            problem = f"a value name is longer than {MAX_METRIC_NAME} characters"
+        else:
+            problem = metric_value_problem(name, value)
+    if problem is not None:
+        raise MetricOutOfRange(problem)
+    return metric
 
 
 def _group_ref(reference: Any) -> str | None:
@@ -119,20 +164,35 @@ def compile_groups(groups: dict[str, dict[str, Any]]) -> tuple[list[RegexGroup],
     return compiled, problems
 
 
-def match_line(groups: list[RegexGroup], line: str) -> list[EMetric]:
-    return [metric for group in groups if (metric := group.match(line)) is not None]
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def match_line(
+    groups: list[RegexGroup], line: str, on_problem: Callable[[str], None] | None = None
+) -> list[EMetric]:
+    """The metrics ``line`` yields; one with numbers out of range is dropped and, when
+    ``on_problem`` is given, reported to it as ``dropped metric ...: <why>``."""
+    found: list[EMetric] = []
+    for group in groups:
+        try:
+            metric = group.match(line)
+        except MetricOutOfRange as exc:
+            if on_problem is not None:
+                on_problem(f"dropped metric of group {group.name!r}: {exc}")
+            continue
+        if metric is not None:
+            found.append(metric)
+    return found
 
 
 def _numeric_values(document: dict[str, Any], skip: set[str]) -> dict[str, float]:
-    return {
-        str(key): float(value)
-        for key, value in document.items()
-        if key not in skip and _is_number(value)
-    }
+    """The numbers among ``document``'s entries (text and flags are not metrics); a number
+    that cannot be stored (NaN, infinite, huge) drops the whole metric."""
+    values: dict[str, float] = {}
+    for key, value in document.items():
+        if key in skip or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if (problem := metric_value_problem(str(key), value)) is not None:
+            raise MetricOutOfRange(problem)
+        values[str(key)] = float(value)
+    return values
 
 
 def parse_emetrics_line(line: str) -> EMetric:
@@ -151,36 +211,59 @@ def parse_emetrics_line(line: str) -> EMetric:
     if not isinstance(group, str) or not group:
         raise ValueError("'group' must be a non-empty string")
     timestamp = document.get("time")
-    if timestamp is not None and not _is_number(timestamp):
+    if timestamp is not None and (isinstance(timestamp, bool) or not _is_number_like(timestamp)):
         raise ValueError("'time' must be a number")
     iteration_key = next((key for key in ITERATION_KEYS if document.get(key) is not None), None)
     iteration: int | None = None
     if iteration_key is not None:
         raw_iteration = document[iteration_key]
-        if not _is_number(raw_iteration) or not float(raw_iteration).is_integer():
+        if not _is_number_like(raw_iteration):
             raise ValueError(f"{iteration_key!r} must be an integer")
+        if isinstance(raw_iteration, float):
+            if not math.isfinite(raw_iteration):
+                raise MetricOutOfRange("iteration out of range")
+            if not raw_iteration.is_integer():
+                raise ValueError(f"{iteration_key!r} must be an integer")
         iteration = int(raw_iteration)
     if isinstance(document.get("values"), dict):
         values = _numeric_values(document["values"], skip=set())
         # The SDK reports the cumulative sample count beside the values; the platform
         # measures a job's throughput from it.
-        if _is_number(document.get("samples")):
-            values["samples"] = float(document["samples"])
+        samples = {"samples": document.get("samples")}
+        values.update(_numeric_values(samples, skip=set()))
     else:
         values = _numeric_values(document, skip={"group", "time", iteration_key or ""})
     if not values:
         raise ValueError("no numeric metric values")
-    return EMetric(
-        group=group,
-        iteration=iteration,
-        values=values,
-        time=float(timestamp) if timestamp is not None else None,
+    return checked(
+        EMetric(
+            group=group,
+            iteration=iteration,
+            values=values,
+            time=_as_time(timestamp),
+        )
     )
+
+
+def _as_time(timestamp: int | float | None) -> float | None:
+    if timestamp is None:
+        return None
+    if isinstance(timestamp, int) and abs(timestamp) > 2**53:
+        raise MetricOutOfRange("time out of range")  # before float() overflows on it
+    return float(timestamp)
+
+
+def _is_number_like(value: Any) -> bool:
+    """A JSON number, finite or not (NaN and Infinity are numbers JSON lets through)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class EmetricsTailer:
     """Follows an emetrics file from a thread: waits for it to appear, keeps partial last
     lines until they are finished, and starts over when the file is replaced or truncated.
+
+    The file (and its directory) is opened with ``O_NOFOLLOW`` and read only when it is a
+    regular file; anything else is reported once and left alone.
     """
 
     def __init__(
@@ -202,9 +285,11 @@ class EmetricsTailer:
         self._partial = b""
         self._line_number = 0
         self._problems = 0
+        self._refusal: str | None = None
+        self._discarding = False
         if skip_existing:
             try:
-                status = os.stat(path)
+                status = os.stat(path, follow_symlinks=False)
             except OSError:
                 pass
             else:
@@ -232,23 +317,74 @@ class EmetricsTailer:
             self._stop.wait(self._poll_s)
 
     def poll(self, final: bool = False) -> None:
-        try:
-            status = os.stat(self._path)
-        except FileNotFoundError:
-            return
-        if status.st_ino != self._inode or status.st_size < self._offset:
-            self._inode, self._offset, self._partial = status.st_ino, 0, b""
-        if status.st_size > self._offset:
-            with open(self._path, "rb") as handle:
-                handle.seek(self._offset)
-                while chunk := handle.read(_READ_CHUNK):
-                    self._offset += len(chunk)
-                    *lines, self._partial = (self._partial + chunk).split(b"\n")
-                    for raw in lines:
-                        self._handle(raw)
+        fd = self._open()
+        if fd is not None:
+            with os.fdopen(fd, "rb") as handle:
+                status = os.fstat(handle.fileno())
+                if status.st_ino != self._inode or status.st_size < self._offset:
+                    self._inode, self._offset, self._partial = status.st_ino, 0, b""
+                    self._discarding = False
+                if status.st_size > self._offset:
+                    handle.seek(self._offset)
+                    while chunk := handle.read(_READ_CHUNK):
+                        self._offset += len(chunk)
+                        self._take(chunk)
         if final and self._partial:
             raw, self._partial = self._partial, b""
             self._handle(raw)
+
+    def _open(self) -> int | None:
+        """A descriptor of the emetrics file when it is a regular file reached without
+        following a link; None (reported once) otherwise, or while it does not exist."""
+        directory, name = os.path.split(self._path)
+        try:
+            dir_fd = os.open(directory or ".", _DIR_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                self._refuse(f"the directory of emetrics file {self._path} is a link; not read")
+                return None
+            raise
+        try:
+            fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                self._refuse(f"emetrics file {self._path} is a symbolic link; it is not read")
+                return None
+            raise
+        finally:
+            os.close(dir_fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            self._refuse(f"emetrics file {self._path} is not a regular file; it is not read")
+            return None
+        self._refusal = None
+        return fd
+
+    def _refuse(self, message: str) -> None:
+        if message != self._refusal:
+            self._refusal = message
+            self._problem(message)
+
+    def _take(self, chunk: bytes) -> None:
+        """Split new bytes into lines, holding an unfinished last line up to a bound."""
+        *lines, rest = (self._partial + chunk).split(b"\n")
+        for raw in lines:
+            if self._discarding:
+                self._discarding = False  # the end of the over-long line
+                continue
+            self._handle(raw)
+        if len(rest) > MAX_LINE_BYTES and not self._discarding:
+            self._line_number += 1
+            self._problem(
+                f"line {self._line_number} in emetrics file {self._path} is longer than "
+                f"{MAX_LINE_BYTES} bytes; dropped"
+            )
+            rest, self._discarding = b"", True
+        self._partial = b"" if self._discarding else rest
 
     def _handle(self, raw: bytes) -> None:
         self._line_number += 1
@@ -257,6 +393,11 @@ class EmetricsTailer:
             return
         try:
             metric = parse_emetrics_line(text)
+        except MetricOutOfRange as exc:
+            self._problem(
+                f"dropped metric (line {self._line_number} of emetrics file {self._path}): {exc}"
+            )
+            return
         except ValueError as exc:
             self._problem(
                 f"malformed line {self._line_number} in emetrics file {self._path}: {exc}"

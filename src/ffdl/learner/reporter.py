@@ -4,6 +4,12 @@ This module owns the report protocol's sending side: every status, log line and 
 gets the next ``seq`` when it is queued, and one sender thread posts them in order, in
 batches, retrying through API outages (the server drops seqs it already has, so resending
 is safe) and passing the API's halt, cancel and "job gone" answers back to the controller.
+
+The server accepts only a gapless stream: a batch's seqs are consecutive and the first new
+one follows the last it stored. So whatever never reached the server is renumbered before
+it is sent: items dropped while the API was away, a batch the API refused, and, when the
+API says it expects another seq (409 with ``expected_seq``) or already holds later ones
+(a controller restarted within one attempt), everything still queued.
 """
 
 from __future__ import annotations
@@ -166,6 +172,7 @@ class Reporter:
             return self._seq
 
     def _drop_oldest_logs(self) -> None:
+        first_seq = self._pending[0]["seq"]
         excess = len(self._pending) - int(self._max_pending * DROP_TO_FRACTION)
         kept: deque[dict[str, Any]] = deque()
         dropped = 0
@@ -191,6 +198,21 @@ class Reporter:
             self._dropped_counts[notice["seq"]] = dropped
             kept.insert(notice_position, notice)
         self._pending = kept
+        # Held items were sent as they are; what follows them closes the gaps.
+        self._renumber_locked(self._held, first_seq + self._held)
+
+    def _renumber_locked(self, start: int, first_seq: int) -> None:
+        """Give the pending items from position ``start`` on consecutive seqs from
+        ``first_seq``; only items the server has not stored may be renumbered."""
+        moved: dict[int, int] = {}
+        seq = first_seq
+        for item in itertools.islice(self._pending, start, None):
+            if item["seq"] in self._dropped_counts:
+                moved[seq] = self._dropped_counts.pop(item["seq"])
+            item["seq"] = seq
+            seq += 1
+        self._dropped_counts.update(moved)
+        self._seq = self._pending[-1]["seq"] if self._pending else first_seq - 1
 
     # -- draining -------------------------------------------------------------------------
 
@@ -261,7 +283,7 @@ class Reporter:
             self._last_attempt_at = time.monotonic()
         status, payload = self._post(body)
         if 200 <= status < 300:
-            self._acknowledge(len(batch), payload)
+            self._acknowledge(batch, payload)
         elif status in GONE_HTTP_STATUSES:
             self._diagnostics(f"API answered {status}: the job is gone; discarding reports")
             with self._cond:
@@ -276,29 +298,59 @@ class Reporter:
             with self._cond:
                 self._held = len(batch) // 2
             self._diagnostics(f"API refused a batch of {len(batch)} as too large; halving it")
+        elif status == 409 and self._resync(batch, _expected_seq(payload)):
+            self._diagnostics(f"API expects another seq; renumbered from {batch[0]['seq']}")
         else:
-            # Resending a batch the API refuses would stall the stream forever.
+            # Resending a batch the API refuses would stall the stream forever. It stored
+            # none of it, so the items after it take its seqs: the stream stays gapless.
             self._diagnostics(f"API refused {len(batch)} items with {status}: {payload[:300]!r}")
             with self._cond:
                 self._rejected_items += len(batch)
                 for _ in range(len(batch)):
                     self._pending.popleft()
                 self._held = 0
+                if batch:
+                    self._renumber_locked(0, batch[0]["seq"])
                 self._cond.notify_all()
 
-    def _acknowledge(self, count: int, payload: bytes) -> None:
-        try:
-            answer = json.loads(payload) if payload else {}
-        except ValueError:
-            answer = {}
-        if not isinstance(answer, dict):
-            answer = {}
+    def _resync(self, batch: list[dict[str, Any]], expected: int | None) -> bool:
+        """Renumber everything queued from ``expected`` (the API stored none of ``batch``);
+        False when that would change nothing, so the batch is refused rather than resent."""
+        if expected is None or not batch or expected == batch[0]["seq"]:
+            return False
         with self._cond:
-            for _ in range(count):
+            self._held = 0
+            self._renumber_locked(0, expected)
+            self._cond.notify_all()
+        return True
+
+    def _acknowledge(self, batch: list[dict[str, Any]], payload: bytes) -> None:
+        answer = _json_object(payload)
+        last_seq = answer.get("last_seq")
+        server_seq = last_seq if isinstance(last_seq, int) and last_seq >= 0 else None
+        with self._cond:
+            self._first_failure_at = None
+            skipped_as_old = answer.get("accepted") == 0
+            if (
+                batch
+                and server_seq is not None
+                and server_seq > batch[-1]["seq"]
+                and skipped_as_old
+            ):
+                # The API holds later seqs than ours (another controller of this attempt
+                # reported before us), so it took our items for old ones: none was stored.
+                self._held = 0
+                self._renumber_locked(0, server_seq + 1)
+                self._cond.notify_all()
+                return
+            for _ in range(len(batch)):
                 item = self._pending.popleft()
                 self._dropped_counts.pop(item["seq"], None)
             self._held = 0
-            self._first_failure_at = None
+            if server_seq is not None and self._pending and self._pending[0]["seq"] <= server_seq:
+                self._renumber_locked(0, server_seq + 1)
+            elif server_seq is not None and not self._pending and self._seq < server_seq:
+                self._seq = server_seq
             self._cond.notify_all()
         if answer.get("cancel") is True:
             self._announce(CANCEL, "cancelled through the API")
@@ -364,3 +416,20 @@ class Reporter:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+def _json_object(payload: bytes) -> dict[str, Any]:
+    try:
+        answer = json.loads(payload) if payload else {}
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def _expected_seq(payload: bytes) -> int | None:
+    """The seq a 409 answer says the API expects next, if it says one."""
+    detail = _json_object(payload).get("detail")
+    expected = detail.get("expected_seq") if isinstance(detail, dict) else None
+    if isinstance(expected, bool) or not isinstance(expected, int) or expected < 1:
+        return None
+    return expected

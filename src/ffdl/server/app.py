@@ -17,6 +17,7 @@ from ffdl.backends.base import Backend
 from ffdl.backends.local import LocalBackend
 from ffdl.core.errors import FfdlError
 from ffdl.server.auth import JobTokens, bootstrap, load_or_create_secret
+from ffdl.server.credentials import CredentialVault
 from ffdl.server.loops.autoscaler import AutoscalerLoop
 from ffdl.server.loops.lcm import lcm_pass
 from ffdl.server.loops.monitor import monitor_pass
@@ -48,11 +49,13 @@ def build_platform(settings: Settings, backend: Backend | None = None) -> Platfo
     store = Store(settings.db_url)
     store.create_all()
     bootstrap(store, settings)
+    secret = load_or_create_secret(settings.home)
     return Platform(
         settings=settings,
         store=store,
         backend=backend or LocalBackend(settings),
-        job_tokens=JobTokens(load_or_create_secret(settings.home)),
+        job_tokens=JobTokens(secret),
+        credentials=CredentialVault(secret),
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ffdl.backends.base import Backend
 from ffdl.server.auth import JobTokens
+from ffdl.server.credentials import CredentialVault
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
 
@@ -45,4 +46,6 @@ class Platform:
     store: Store
     backend: Backend
     job_tokens: JobTokens
+    # Seals data-store credentials in stored manifests; see ``ffdl.server.credentials``.
+    credentials: CredentialVault
     wakeups: Wakeups = field(default_factory=Wakeups)

@@ -7,9 +7,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Query, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ffdl.core.errors import BadRequest, NotFound, PayloadTooLarge
+from ffdl.core.limits import MAX_COUNT, MAX_INT64, bounded_int
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
 from ffdl.server.services import control
 from ffdl.server.services.archive import zip_directory
@@ -22,7 +23,8 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 
 class ModelPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    status: str | None = None
+    status: str | None = Field(default=None, max_length=32)
+    # Any: a float or a string gets our own message naming the field, not pydantic's.
     priority: Any = None
     gpus: Any = None
 
@@ -64,7 +66,7 @@ def get_models(
     principal: PrincipalDep,
     status: str | None = None,
     limit: Annotated[int, Query()] = 100,
-    offset: Annotated[int, Query()] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
 ) -> dict[str, Any]:
     with platform.store.read() as session:
         jobs, total = list_jobs(session, principal, status=status, limit=limit, offset=offset)
@@ -98,9 +100,11 @@ def patch_model(
                 detail={"field": "status"},
             )
     elif body.priority is not None:
-        control.set_priority(platform, principal, model_id, body.priority)
+        priority = bounded_int(body.priority, "priority", 0, 100, code="C104")
+        control.set_priority(platform, principal, model_id, priority)
     else:
-        control.scale_job(platform, principal, model_id, body.gpus)
+        gpus = bounded_int(body.gpus, "gpus", 1, MAX_COUNT, code="C104")
+        control.scale_job(platform, principal, model_id, gpus)
     with platform.store.read() as session:
         return model_detail(session, load_job(session, principal, model_id))
 

@@ -1,18 +1,25 @@
 """Model definition archives: validated at submit, unpacked safely at deploy.
 
 A zip is refused when it is not a zip, holds absolute or parent-escaping paths or links,
-or exceeds the configured entry count or unpacked size.
+or exceeds the configured entry count or unpacked size. Results are zipped for download
+without following links (``zip_directory``).
 """
 
 from __future__ import annotations
 
+import errno
 import io
+import os
 import shutil
 import stat
+import time
 import zipfile
 from pathlib import Path, PurePosixPath
 
 from ffdl.core.errors import ArchiveError
+
+# Lists what a results download left out, and why.
+SKIPPED_NAME = "SKIPPED_LINKS.txt"
 
 
 def validate_archive(data: bytes, *, max_files: int, max_unpacked_bytes: int) -> int:
@@ -76,11 +83,118 @@ def unpack_archive(archive_path: Path, target: Path) -> None:
 
 
 def zip_directory(source: Path) -> bytes:
-    """Zip a directory tree (used to serve trained models and results)."""
+    """Zip the regular files of a directory tree (trained models and results).
+
+    The tree is written by user code, and the server reads it with its own rights, so it is
+    walked without following a single symbolic link: directories through ``os.fwalk`` with
+    ``follow_symlinks=False``, files opened relative to their directory's descriptor with
+    ``O_NOFOLLOW``. Links, FIFOs, sockets and devices are left out and listed in
+    ``SKIPPED_LINKS.txt`` inside the zip, so the user sees what is missing and why.
+    """
     buffer = io.BytesIO()
+    skipped: list[str] = []
+    names: set[str] = set()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        if source.exists():
-            for path in sorted(source.rglob("*")):
-                if path.is_file():
-                    archive.write(path, path.relative_to(source).as_posix())
+        top = str(source)
+        try:
+            top_status = os.lstat(top)
+        except FileNotFoundError:
+            top_status = None
+        if top_status is not None and not stat.S_ISDIR(top_status.st_mode):
+            skipped.append(f". ({_kind(top_status.st_mode, _link_target(top, None))})")
+        elif top_status is not None:
+            for dirpath, dirnames, filenames, dirfd in os.fwalk(top, follow_symlinks=False):
+                relative = os.path.relpath(dirpath, top)
+                prefix = "" if relative == "." else _zip_name(relative) + "/"
+                for name in list(dirnames):
+                    try:
+                        mode = os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode
+                    except OSError:
+                        mode = 0  # gone meanwhile: nothing to include
+                    if not stat.S_ISDIR(mode):
+                        dirnames.remove(name)
+                        if mode:
+                            skipped.append(_skip_line(prefix, name, mode, dirfd))
+                for name in sorted(filenames):
+                    arcname = prefix + _zip_name(name)
+                    problem = _add_file(archive, dirfd, name, arcname)
+                    if problem is None:
+                        names.add(arcname)
+                    else:
+                        skipped.append(f"{arcname} ({problem})")
+                dirnames.sort()
+        if skipped:
+            archive.writestr(_free_name(names), _skipped_text(skipped))
     return buffer.getvalue()
+
+
+def _add_file(archive: zipfile.ZipFile, dirfd: int, name: str, arcname: str) -> str | None:
+    """Copy one regular file into ``archive``; otherwise say why it was left out."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dirfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return _kind(stat.S_IFLNK, _link_target(name, dirfd))
+        return f"unreadable: {exc.strerror}"
+    with os.fdopen(fd, "rb") as handle:
+        status = os.fstat(handle.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            return _kind(status.st_mode, "")
+        info = zipfile.ZipInfo(arcname, _zip_time(status.st_mtime))
+        info.compress_type = zipfile.ZIP_DEFLATED
+        info.external_attr = (stat.S_IFREG | stat.S_IMODE(status.st_mode)) << 16
+        with archive.open(info, "w") as out:
+            shutil.copyfileobj(handle, out, 1 << 20)
+    return None
+
+
+def _skip_line(prefix: str, name: str, mode: int, dirfd: int) -> str:
+    target = _link_target(name, dirfd) if stat.S_ISLNK(mode) else ""
+    return f"{prefix}{_zip_name(name)} ({_kind(mode, target)})"
+
+
+def _kind(mode: int, link_target: str) -> str:
+    if stat.S_ISLNK(mode):
+        return f"symbolic link to {link_target}" if link_target else "symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "named pipe"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return "not a regular file"
+
+
+def _link_target(name: str, dirfd: int | None) -> str:
+    try:
+        return _zip_name(os.readlink(name, dir_fd=dirfd))
+    except OSError:
+        return ""
+
+
+def _zip_name(name: str) -> str:
+    # Names that are not UTF-8 reach Python as surrogate escapes, which zip cannot encode.
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _zip_time(mtime: float) -> tuple[int, int, int, int, int, int]:
+    # Zip dates run from 1980 to 2107; files from outside that range get the nearest end.
+    parts = time.localtime(min(max(mtime, 315_532_800.0), 4_354_819_199.0))[:6]
+    year, month, day, hour, minute, second = parts
+    return (max(1980, min(year, 2107)), month, day, hour, minute, second)
+
+
+def _free_name(taken: set[str]) -> str:
+    name, number = SKIPPED_NAME, 1
+    while name in taken:
+        name = f"SKIPPED_LINKS-{number}.txt"
+        number += 1
+    return name
+
+
+def _skipped_text(skipped: list[str]) -> str:
+    header = (
+        "These entries of the results were not included: the download holds only regular\n"
+        "files, and never follows symbolic links.\n\n"
+    )
+    return header + "".join(f"{line}\n" for line in skipped)

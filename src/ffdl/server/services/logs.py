@@ -3,10 +3,15 @@
 ``pos`` >= 0 skips that many records from the start; ``pos`` < 0 starts that many records
 before the end. ``since_time`` (ISO 8601 or epoch milliseconds) keeps records at or after it.
 ``rindex`` is the record's stable index within the job, usable to resume a stream.
+
+Every number from the query is range-checked before it reaches SQLite (a 400 naming the
+field, never an overflow), and every stored number is rendered defensively: a value that
+slipped in before the report checks existed must not make the endpoint fail.
 """
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,18 +19,32 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import BadRequest
+from ffdl.core.limits import MAX_INT64, MAX_REPORT_TIME, bounded_int
 from ffdl.server.store.models import LogLine, Metric
 
 MAX_PAGE = 10_000
+MAX_SINCE_TEXT = 64
 
 
 def parse_since_time(value: str | None) -> float | None:
     if value is None or value == "":
         return None
+    if len(value) > MAX_SINCE_TEXT:
+        raise BadRequest(
+            f"since_time must be at most {MAX_SINCE_TEXT} characters",
+            detail={"field": "since_time"},
+        )
     try:
-        return float(value) / 1000.0
+        millis = float(value)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(millis) or not 0 <= millis / 1000.0 <= MAX_REPORT_TIME:
+            raise BadRequest(
+                f"since_time in epoch milliseconds must be from 0 to {MAX_REPORT_TIME * 1000:.0f}",
+                detail={"field": "since_time"},
+            )
+        return millis / 1000.0
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError as exc:
@@ -45,13 +64,17 @@ def _check_page(pagesize: int | None) -> int:
     return size
 
 
+def _check_pos(pos: int | None) -> int:
+    return 0 if pos is None else bounded_int(pos, "pos", -MAX_INT64, MAX_INT64)
+
+
 def _window(
     session: Session, model: Any, job_id: str, since: float | None, pos: int | None, size: int
 ) -> list[Any]:
     query = select(model).where(model.job_id == job_id)
     if since is not None:
         query = query.where(model.time >= since)
-    offset = pos or 0
+    offset = _check_pos(pos)
     if offset < 0:
         count_q = select(func.count()).select_from(model).where(model.job_id == job_id)
         if since is not None:
@@ -61,13 +84,31 @@ def _window(
     return list(session.scalars(query.order_by(model.id).offset(offset).limit(size)))
 
 
+def _millis(seconds: object) -> int:
+    """Epoch milliseconds of a stored time; 0 for anything unusable."""
+    if isinstance(seconds, int | float) and math.isfinite(seconds):
+        return int(min(max(float(seconds), 0.0), MAX_REPORT_TIME) * 1000)
+    return 0
+
+
 def _meta(job_id: str, row: Any) -> dict[str, Any]:
     return {
         "training_id": job_id,
-        "time": int(row.time * 1000),
+        "time": _millis(row.time),
         "rindex": row.id,
         "learner": row.learner,
     }
+
+
+def _float_text(value: object) -> str | None:
+    """FfDL's text of a metric value; None for a stored value that is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return repr(number) if math.isfinite(number) else None
 
 
 def log_item(job_id: str, row: LogLine) -> dict[str, Any]:
@@ -78,15 +119,18 @@ def metric_item(job_id: str, row: Metric) -> dict[str, Any]:
     etimes: dict[str, Any] = {}
     if row.iteration is not None:
         etimes["iteration"] = {"type": "INT", "value": str(row.iteration)}
-    etimes["time"] = {"type": "INT", "value": str(int(row.time * 1000))}
+    etimes["time"] = {"type": "INT", "value": str(_millis(row.time))}
+    stored = row.values if isinstance(row.values, dict) else {}
+    values = {}
+    for name, value in stored.items():
+        text = _float_text(value)
+        if text is not None:
+            values[str(name)] = {"type": "FLOAT", "value": text}
     return {
         "meta": _meta(job_id, row),
         "grouplabel": row.group,
         "etimes": etimes,
-        "values": {
-            name: {"type": "FLOAT", "value": repr(float(value))}
-            for name, value in row.values.items()
-        },
+        "values": values,
     }
 
 
@@ -118,7 +162,13 @@ def emetrics(
     return [metric_item(job_id, row) for row in rows]
 
 
+def _row_id(after_id: int) -> int:
+    # Ids are positive 64-bit integers: a larger cursor is past every row, not an overflow.
+    return min(max(after_id, -1), MAX_INT64)
+
+
 def lines_after(session: Session, job_id: str, after_id: int, limit: int) -> list[LogLine]:
+    after_id = _row_id(after_id)
     return list(
         session.scalars(
             select(LogLine)
@@ -130,6 +180,7 @@ def lines_after(session: Session, job_id: str, after_id: int, limit: int) -> lis
 
 
 def metrics_after(session: Session, job_id: str, after_id: int, limit: int) -> list[Metric]:
+    after_id = _row_id(after_id)
     return list(
         session.scalars(
             select(Metric)

@@ -11,13 +11,16 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ffdl.core.errors import NotFound
+from ffdl.core.errors import BadRequest, NotFound
 from ffdl.core.resources import Node
 from ffdl.server.auth import Principal
 from ffdl.server.platform import Platform
 from ffdl.server.services.admin import require_admin
 from ffdl.server.store.models import NodeState
 from ffdl.server.store.transitions import utcnow
+
+# A drain reason is a short note for other operators, shown in every node listing.
+MAX_DRAIN_REASON = 200
 
 
 def effective_nodes(platform: Platform) -> list[Node]:
@@ -33,6 +36,11 @@ def set_drained(
     platform: Platform, principal: Principal, name: str, drained: bool, reason: str = ""
 ) -> dict[str, Any]:
     require_admin(principal)
+    if len(reason) > MAX_DRAIN_REASON:
+        raise BadRequest(
+            f"reason must be at most {MAX_DRAIN_REASON} characters, got {len(reason)}",
+            detail={"field": "reason"},
+        )
     if name not in {node.name for node in platform.backend.nodes()}:
         raise NotFound(f"no node {name!r}")
     with platform.store.write() as session:

@@ -1,35 +1,78 @@
 """Ingesting controller reports: statuses, log lines, metrics and heartbeats.
 
-Each learner attempt numbers its report items; items at or below the stored ``report_seq``
-were already applied and are skipped, so a controller may resend a batch whose response
-it never saw without anything being stored twice.
+Each learner attempt numbers its report items 1, 2, 3, ... with no gaps, and the server
+keeps the last one applied (``report_seq``). That makes the stream checkable:
+
+- items at or below ``report_seq`` were already applied and are skipped, so a controller may
+  resend a batch whose response it never saw without anything being stored twice;
+- the items of a batch must be consecutive, and the first new one must be ``report_seq + 1``:
+  a batch that jumps ahead (say to seq 2**62, which would make every later genuine item look
+  old and silence the job's log) is refused with 409 and stores nothing;
+- a job that has ended takes no new items (410), nor does an attempt that was superseded.
+
+Each item's numbers are checked on their own: an item whose iteration cannot be stored, or
+whose time or values are absurd, is dropped and a warning line takes its place in the log,
+so one bad item never fails its batch nor stalls the stream. A status the learner state
+machine does not allow is ignored with a warning line; it never fails a batch either.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
 
-from ffdl.core.errors import AuthError, Gone, IllegalTransition, NotFound
-from ffdl.core.status import TERMINAL_LEARNER_STATES, JobStatus, LearnerStatus, is_terminal
+from ffdl.core.errors import AuthError, BadRequest, ConflictError, Gone, IllegalTransition, NotFound
+from ffdl.core.limits import (
+    MAX_COUNT,
+    MAX_GROUP_NAME,
+    MAX_INT64,
+    MAX_LOG_TEXT,
+    MAX_METRIC_NAME,
+    MAX_METRIC_VALUES,
+    MAX_REASON_TEXT,
+    bounded_int,
+    iteration_problem,
+    metric_value_problem,
+    time_problem,
+)
+from ffdl.core.status import (
+    TERMINAL_LEARNER_STATES,
+    JobStatus,
+    LearnerStatus,
+    is_terminal,
+    learner_transition_allowed,
+)
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job
 from ffdl.server.services.queries import current_learners
 from ffdl.server.store.models import Job, Learner, LogLine, Metric
 from ffdl.server.store.transitions import set_learner_status, utcnow
 
+log = logging.getLogger("ffdl.server.reports")
+
+MAX_BATCH_ITEMS = 5000
+# The platform puts a learner in PENDING; a controller reports only what follows.
+REPORTABLE_STATUSES = frozenset(LearnerStatus) - {LearnerStatus.PENDING}
+
 
 class ReportItem(BaseModel):
+    """One item as a controller sends it; numbers are range-checked by ``_item_problem``."""
+
+    model_config = ConfigDict(extra="ignore")
+
     type: Literal["status", "log", "emetric"]
-    seq: int = Field(ge=1)
+    seq: int
     time: float
-    status: str | None = None
+    status: str | None = Field(default=None, max_length=32)
     reason: str | None = None
     exit_code: int | None = None
-    error_code: str | None = None
+    error_code: str | None = Field(default=None, max_length=8)
     stream: str = "stdout"
     text: str = ""
     group: str = "train"
@@ -38,8 +81,9 @@ class ReportItem(BaseModel):
 
 
 class ReportBatch(BaseModel):
-    attempt: int
-    items: list[ReportItem] = Field(default_factory=list, max_length=5000)
+    attempt: int = Field(ge=0, le=MAX_COUNT)
+    # Items are checked one by one (see ``_parse_items``): a bad one is dropped, not the batch.
+    items: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_BATCH_ITEMS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +92,7 @@ class ReportAck:
     last_seq: int
     halt: bool
     cancel: bool
+    dropped: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,7 +100,16 @@ class ReportAck:
             "last_seq": self.last_seq,
             "halt": self.halt,
             "cancel": self.cancel,
+            "dropped": self.dropped,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    seq: int
+    item: ReportItem | None
+    problem: str | None  # why the item is dropped
+    kind: str
 
 
 def ingest_reports(
@@ -63,7 +117,10 @@ def ingest_reports(
 ) -> ReportAck:
     if token is None or not platform.job_tokens.verify(job_id, token):
         raise AuthError("invalid job token")
+    bounded_int(learner_index, "learner", 1, MAX_COUNT)
+    parsed = _parse_items(batch.items)
     status_changed = False
+    dropped = 0
     with platform.store.write() as session:
         job = session.get(Job, job_id)
         if job is None:
@@ -79,12 +136,20 @@ def ingest_reports(
             raise NotFound(f"no learner {learner_index} attempt {batch.attempt} in {job_id}")
         if batch.attempt != job.attempt:
             raise Gone(f"attempt {batch.attempt} of {job_id} was superseded")
+        fresh = _fresh_items(parsed, learner.report_seq)
+        if is_terminal(JobStatus(job.status)) and (fresh or not _learner_done(learner)):
+            raise Gone(f"{job_id} has ended ({job.status}); it takes no more reports")
         learner.last_heartbeat = utcnow()
-        fresh = [item for item in batch.items if item.seq > learner.report_seq]
         logs: list[dict[str, Any]] = []
         metrics: list[dict[str, Any]] = []
-        for item in fresh:
-            if item.type == "log":
+        for entry in fresh:
+            item = entry.item
+            if item is None or entry.problem is not None:
+                dropped += 1
+                reason = entry.problem or "malformed"
+                text = f"[ffdl] dropped {entry.kind} (report item {entry.seq}): {reason}"
+                logs.append(_warning_row(job_id, learner_index, batch.attempt, entry.seq, text))
+            elif item.type == "log":
                 logs.append(_log_row(job_id, learner_index, batch.attempt, item))
             elif item.type == "emetric":
                 metrics.append(_metric_row(job_id, learner_index, batch.attempt, item))
@@ -92,13 +157,16 @@ def ingest_reports(
                 # Keep row order: flush pending lines before a status so a follower never
                 # sees COMPLETED ahead of the last lines.
                 _flush(session, logs, metrics)
-                status_changed |= _apply_status(session, learner, item)
+                applied, warning = _apply_status(session, learner, item)
+                status_changed |= applied
+                if warning is not None:
+                    row = _warning_row(job_id, learner_index, batch.attempt, item.seq, warning)
+                    logs.append(row)
         _flush(session, logs, metrics)
         if fresh:
             learner.report_seq = fresh[-1].seq
         if status_changed:
-            learners = current_learners(session, job)
-            aggregate_job(session, job, learners)
+            _aggregate(session, job)
         terminal = is_terminal(JobStatus(job.status))
         ack = ReportAck(
             accepted=len(fresh),
@@ -106,23 +174,119 @@ def ingest_reports(
             halt=job.desired == "halt"
             or job.status in (JobStatus.HALTING.value, JobStatus.RESCALING.value),
             cancel=job.desired == "cancel" or (terminal and not _learner_done(learner)),
+            dropped=dropped,
         )
+    if dropped:
+        log.warning("dropped %d report items of %s learner %d", dropped, job_id, learner_index)
     if status_changed:
         platform.wakeups.notify("lcm", "scheduler", "monitor", "autoscaler")
     return ack
+
+
+def _parse_items(raw_items: list[dict[str, Any]]) -> list[_Parsed]:
+    """Each item with its seq, checked; a batch whose seqs are unusable is refused whole."""
+    parsed: list[_Parsed] = []
+    for index, raw in enumerate(raw_items):
+        seq = raw.get("seq")
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= MAX_INT64:
+            raise BadRequest(
+                f"items[{index}].seq must be an integer from 1 to {MAX_INT64}",
+                detail={"field": f"items[{index}].seq"},
+            )
+        if parsed and seq != parsed[-1].seq + 1:
+            raise BadRequest(
+                f"items[{index}].seq is {seq}, expected {parsed[-1].seq + 1}: the items of a "
+                "batch must be numbered consecutively",
+                detail={"field": f"items[{index}].seq"},
+            )
+        kind = raw.get("type")
+        kind_text = kind if kind in ("status", "log", "emetric") else "item"
+        try:
+            item = ReportItem.model_validate(raw)
+        except ValidationError as error:
+            first = error.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in first["loc"]) or "item"
+            parsed.append(_Parsed(seq, None, f"{where}: {first['msg']}", str(kind_text)))
+            continue
+        parsed.append(_Parsed(seq, item, _item_problem(item), item.type))
+    return parsed
+
+
+def _fresh_items(parsed: list[_Parsed], report_seq: int) -> list[_Parsed]:
+    """The items not applied yet; refuses a batch that does not continue the stream."""
+    if not parsed or parsed[-1].seq <= report_seq:
+        return []
+    expected = report_seq + 1
+    if parsed[0].seq > expected:
+        raise ConflictError(
+            f"report items must continue from seq {expected}, got {parsed[0].seq}",
+            detail={"expected_seq": expected, "got": parsed[0].seq},
+        )
+    return parsed[expected - parsed[0].seq :]
+
+
+def _item_problem(item: ReportItem) -> str | None:
+    """Why ``item`` cannot be stored as it is, or None. Statuses carry no stored numbers
+    but their exit code; their time is not stored, so it is not checked."""
+    if item.type == "status":
+        if item.exit_code is not None and not -(2**31) <= item.exit_code <= 2**31 - 1:
+            return "exit code out of range"
+        return None
+    if (problem := time_problem(item.time)) is not None:
+        return problem
+    if item.type == "log":
+        return None
+    if (problem := iteration_problem(item.iteration)) is not None:
+        return problem
+    if not item.values:
+        return "no values"
+    if len(item.values) > MAX_METRIC_VALUES:
+        return f"more than {MAX_METRIC_VALUES} values"
+    for name, value in item.values.items():
+        if len(name) > MAX_METRIC_NAME:
+            return f"a value name is longer than {MAX_METRIC_NAME} characters"
+        if (problem := metric_value_problem(name, value)) is not None:
+            return problem
+    return None
 
 
 def _learner_done(learner: Learner) -> bool:
     return LearnerStatus(learner.status) in TERMINAL_LEARNER_STATES
 
 
-def _flush(session: Any, logs: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> None:
+def _aggregate(session: Session, job: Job) -> None:
+    """Fold the learners into the job; a fold the job's state machine forbids (possible
+    only with out-of-order or forged reports) leaves the job to the monitor, and the
+    learner's own report still counts. The savepoint follows the learner's flushed update,
+    so pysqlite has begun the transaction it lives in."""
+    learners = current_learners(session, job)
+    try:
+        with session.begin_nested():
+            aggregate_job(session, job, learners)
+    except IllegalTransition as exc:
+        log.warning("reports of %s: job status not updated: %s", job.id, exc)
+
+
+def _flush(session: Session, logs: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> None:
     if logs:
         session.execute(insert(LogLine), logs)
         logs.clear()
     if metrics:
         session.execute(insert(Metric), metrics)
         metrics.clear()
+
+
+def _warning_row(job_id: str, learner: int, attempt: int, seq: int, text: str) -> dict[str, Any]:
+    # The dropped item's own seq: it keeps its place in the stream and stays unique.
+    return {
+        "job_id": job_id,
+        "learner": learner,
+        "attempt": attempt,
+        "seq": seq,
+        "stream": "ffdl",
+        "text": text,
+        "time": time.time(),
+    }
 
 
 def _log_row(job_id: str, learner: int, attempt: int, item: ReportItem) -> dict[str, Any]:
@@ -132,7 +296,7 @@ def _log_row(job_id: str, learner: int, attempt: int, item: ReportItem) -> dict[
         "attempt": attempt,
         "seq": item.seq,
         "stream": item.stream[:8],
-        "text": item.text,
+        "text": item.text[:MAX_LOG_TEXT],
         "time": item.time,
     }
 
@@ -143,28 +307,33 @@ def _metric_row(job_id: str, learner: int, attempt: int, item: ReportItem) -> di
         "learner": learner,
         "attempt": attempt,
         "seq": item.seq,
-        "group": item.group[:100],
+        "group": item.group[:MAX_GROUP_NAME],
         "iteration": item.iteration,
         "values": item.values,
         "time": item.time,
     }
 
 
-def _apply_status(session: Any, learner: Learner, item: ReportItem) -> bool:
+def _apply_status(session: Session, learner: Learner, item: ReportItem) -> tuple[bool, str | None]:
+    """Apply a reported status; (whether it changed, a warning line when it was ignored)."""
     try:
         target = LearnerStatus(item.status or "")
     except ValueError:
-        return False
-    try:
-        event = set_learner_status(
-            session,
-            learner,
-            target,
-            item.reason or "",
-            exit_code=item.exit_code,
-            error_code=item.error_code,
-        )
-    except IllegalTransition:
+        return False, f"[ffdl] ignored unknown status {str(item.status)[:32]!r}"
+    current = LearnerStatus(learner.status)
+    if target == current:
+        return False, None
+    if current in TERMINAL_LEARNER_STATES:
         # A late report about a learner we already finalised (e.g. killed): keep ours.
-        return False
-    return event is not None
+        return False, None
+    if target not in REPORTABLE_STATUSES or not learner_transition_allowed(current, target):
+        return False, f"[ffdl] ignored status {target.value}: not allowed after {current.value}"
+    event = set_learner_status(
+        session,
+        learner,
+        target,
+        (item.reason or "")[:MAX_REASON_TEXT],
+        exit_code=item.exit_code,
+        error_code=item.error_code,
+    )
+    return event is not None, None

@@ -1,7 +1,8 @@
 """Submitting a training job: validate everything first, then store it as QUEUED.
 
-Nothing is written for a rejected job: the manifest, the resource request and the archive
-are all checked before the archive touches the disk or a row is added.
+Nothing is written for a rejected job: the manifest, the resource request, the data stores'
+host paths and the archive are all checked before the archive touches the disk or a row is
+added. Data-store credentials are sealed before the manifest is stored.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ffdl.server.platform import Platform
 from ffdl.server.services.archive import validate_archive
 from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.snapshots import queued_job_from_manifest
+from ffdl.server.services.stores import check_store_paths
 from ffdl.server.store.models import Event, Job
 from ffdl.server.store.transitions import utcnow
 
@@ -61,6 +63,7 @@ def submit_job(
                 f"{store.type!r} stores are not available on this platform yet; "
                 f"use one of {', '.join(STAGEABLE_STORES)}",
             )
+    check_store_paths(settings, manifest)
     job_id = new_job_id()
     reason = never_fits(
         queued_job_from_manifest(job_id, principal.tenant_id, manifest, 0.0),
@@ -102,7 +105,7 @@ def _insert_job(platform: Platform, principal: Principal, job_id: str, manifest:
         "user_id": principal.user_id,
         "name": manifest.name,
         "description": manifest.description,
-        "manifest": manifest.to_dict(),
+        "manifest": platform.credentials.seal_manifest(manifest.to_dict()),
         "status": JobStatus.QUEUED.value,
         "reason": "waiting for the scheduler",
         "priority": manifest.priority,

@@ -2,7 +2,8 @@
 
 Every change is checked against the status machine in ``ffdl.core.status`` and recorded as
 an ``Event`` row in the caller's transaction, so a status and its event commit together or
-not at all.
+not at all. A job reaching a terminal status has its data-store credentials erased in the
+same transaction.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ffdl.core.status import (
     check_job_transition,
     check_learner_transition,
 )
+from ffdl.server.credentials import erase_manifest_secrets
 from ffdl.server.store.models import Event, Job, Learner
 
 
@@ -58,6 +60,11 @@ def set_job_status(
         job.finished_at = None
     if target == JobStatus.HALTED:
         job.placement = None  # a halted job holds nothing; it is placed afresh on resume
+    if target in TERMINAL_JOB_STATES:
+        # A finished job never deploys again: its data-store credentials go with it.
+        erased = erase_manifest_secrets(job.manifest or {})
+        if erased is not None:
+            job.manifest = erased
     if target in TERMINAL_JOB_STATES or target == JobStatus.HALTED:
         job.finished_at = now
         job.queue_position = None
