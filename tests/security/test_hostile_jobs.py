@@ -112,6 +112,24 @@ attempt("home", lambda: os.environ["HOME"])
         assert secrets[name].read_bytes() == content
 
 
+def test_platform_files_are_private_and_job_directories_belong_to_the_job(
+    server: LiveServer,
+) -> None:
+    for name in ("ffdl.db", "ffdl.db-wal", "client.json", "secret.key", "config.yaml"):
+        assert (server.home / name).stat().st_mode & 0o777 == 0o600, name
+    assert server.home.stat().st_mode & 0o777 == 0o700
+    job_id, _found = run_probe(server, "")
+    job_dir = server.home / "jobs" / job_id
+    uid = int((job_dir / "sandbox-uid").read_text())
+    assert (job_dir.stat().st_uid, job_dir.stat().st_mode & 0o777) == (0, 0o700)
+    for name in ("code", "results", "checkpoints", "state", "home", "logs/learner-1"):
+        info = (job_dir / name).stat()
+        assert (info.st_uid, info.st_mode & 0o777) == (uid, 0o700), name
+    controller_dir = next((job_dir / "learners").rglob("spec.json")).parent
+    assert controller_dir.stat().st_uid == 0
+    assert (controller_dir / "spec.json").stat().st_mode & 0o777 == 0o600
+
+
 def test_another_jobs_directories_can_be_neither_read_nor_written(server: LiveServer) -> None:
     victim, victim_dir = start_victim(server)
     try:

@@ -486,8 +486,11 @@ class Controller:
         self._mirror_line(text)
         if text.strip():
             self._last_lines.append(text.strip())
-        for metric in metrics.match_line(self._metric_groups, text):
+        for metric in metrics.match_line(self._metric_groups, text, on_problem=self._on_problem):
             self.reporter.emetric(metric.group, metric.iteration, metric.values)
+
+    def _on_problem(self, problem: str) -> None:
+        self._ffdl_log(f"[ffdl] {problem}")
 
     def _on_file_metric(self, metric: metrics.EMetric) -> None:
         self.reporter.emetric(metric.group, metric.iteration, metric.values, at=metric.time)

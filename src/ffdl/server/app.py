@@ -18,6 +18,7 @@ from ffdl.backends.local import LocalBackend
 from ffdl.core.errors import FfdlError
 from ffdl.server.auth import JobTokens, bootstrap, load_or_create_secret
 from ffdl.server.credentials import CredentialVault
+from ffdl.server.home import secure_home
 from ffdl.server.loops.autoscaler import AutoscalerLoop
 from ffdl.server.loops.lcm import lcm_pass
 from ffdl.server.loops.monitor import monitor_pass
@@ -50,6 +51,7 @@ def build_platform(settings: Settings, backend: Backend | None = None) -> Platfo
     store.create_all()
     bootstrap(store, settings)
     secret = load_or_create_secret(settings.home)
+    secure_home(settings)
     return Platform(
         settings=settings,
         store=store,

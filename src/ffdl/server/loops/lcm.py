@@ -35,6 +35,7 @@ from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.services.placing import place_alone
 from ffdl.server.services.queries import current_learners
 from ffdl.server.services.sandboxing import learner_sandbox, sandbox_owner
+from ffdl.server.services.stores import StoreError, results_path, training_data_path
 from ffdl.server.store.models import DeployStep, Job, Learner
 from ffdl.server.store.transitions import set_job_status, set_learner_status, utcnow
 
@@ -118,7 +119,9 @@ def deploy(platform: Platform, job_id: str) -> None:
             if owner is not None:
                 hand_over(str(dirs.code), *owner)
                 dirs.code.chmod(0o700)
-            _record_results_location(platform, job_id, _results_target(manifest, job_id, dirs))
+            _record_results_location(
+                platform, job_id, results_path(platform.settings, manifest, job_id)
+            )
             _record_step(platform, job_id, attempt, "prepare")
         for lp in placement.learners:
             step = f"learner-{lp.learner}"
@@ -145,17 +148,12 @@ def deploy(platform: Platform, job_id: str) -> None:
                     session.add(
                         DeployStep(job_id=job_id, attempt=attempt, step=step, done_at=utcnow())
                     )
+    except StoreError as exc:
+        _fail(platform, job_id, f"deploy failed: {exc}", exc.code)
     except (OSError, FfdlError, StagingError, zipfile.BadZipFile, zlib.error, EOFError) as exc:
         log.warning("deploy of %s failed: %s", job_id, exc)
         code = ErrorCode.BAD_ARCHIVE if _is_archive_error(exc) else ErrorCode.DEPLOY_FAILED
         _fail(platform, job_id, f"deploy failed: {exc}", code.value)
-
-
-def _results_target(manifest: Manifest, job_id: str, dirs: JobDirs) -> Path | None:
-    store = manifest.data_store()
-    if store is None or store.training_results is None or "path" not in store.connection:
-        return None
-    return Path(store.connection["path"]) / store.training_results.container / job_id
 
 
 def _record_results_location(platform: Platform, job_id: str, target: Path | None) -> None:
@@ -219,12 +217,13 @@ def build_spec(
     data: list[DataMount] = []
     volume: str | None = None
     store = manifest.data_store()
-    if store is not None and store.training_data is not None and "path" in store.connection:
-        source = Path(store.connection["path"]) / store.training_data.container
+    # The store's paths are checked again here: a link may have appeared since submit.
+    source = training_data_path(settings, manifest)
+    if store is not None and source is not None:
         data.append(DataMount(kind=store.type, source=str(source), target=str(dirs.data)))
         if store.type == "mount_volume":
             volume = str(source)
-    results_target = _results_target(manifest, job_id, dirs) if learner == 1 else None
+    results_target = results_path(settings, manifest, job_id) if learner == 1 else None
     groups = {}
     if manifest.evaluation_metrics is not None:
         groups = {
