@@ -1,0 +1,114 @@
+"""The sandbox chain itself, run for real with bubblewrap: privileged (as root) and not.
+
+The hostile-job suite (tests/security) covers the sandbox through the whole platform; these
+tests pin down the chain the controller builds, and the spec's validation.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ffdl.learner.cgroups import LearnerCgroup
+from ffdl.learner.sandbox import SandboxSpec, sandbox_argv, write_identity_files
+from ffdl.learner.spec import SpecError, _sandbox
+from tests.integration.live import wait_for
+
+NOBODY = 65534
+PROBE = (
+    "id -u; id -g; hostname; grep CapEff /proc/self/status | cut -f2; "
+    "cat /etc/shadow | wc -c; ls /proc | grep -c '^[0-9]'; ulimit -v; "
+    "touch $PWD/written && echo wrote; touch /usr/x 2>/dev/null || echo ro"
+)
+
+
+def _run(
+    spec: SandboxSpec, work: Path, as_user: int | None = None, procs: tuple[str, ...] = ()
+) -> Any:
+    identity = write_identity_files(work / "identity", spec, str(work))
+    argv = sandbox_argv(spec, PROBE, str(work), identity, procs)
+    if as_user is not None:
+        argv = ["setpriv", f"--reuid={as_user}", f"--regid={as_user}", "--clear-groups", *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    tmp_path.chmod(0o755)
+    directory = tmp_path / "job"
+    directory.mkdir()
+    return directory
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the privileged chain needs root")
+def test_the_privileged_chain_drops_to_the_jobs_uid_with_nothing_else(work: Path) -> None:
+    os.chown(work, 212345, 212345)
+    spec = SandboxSpec(uid=212345, gid=212345, read_write=[str(work)], privileged=True)
+    uid, gid, host, caps, shadow, processes, vmem, wrote, readonly = _run(spec, work)
+    assert (uid, gid, host) == ("212345", "212345", "learner")
+    assert caps == "0000000000000000"
+    assert shadow == "0"
+    assert int(processes) <= 5  # its own PID namespace: bash and what it runs
+    assert vmem == "unlimited"  # as root the cgroup bounds memory, not an rlimit
+    assert (wrote, readonly) == ("wrote", "ro")
+    assert (work / "written").stat().st_uid == 212345
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changes to another user to show it")
+def test_the_unprivileged_chain_keeps_its_uid_and_limits_address_space() -> None:
+    # pytest's own temporary directories are private to root: this user needs a way in.
+    with tempfile.TemporaryDirectory(dir="/tmp") as name:
+        Path(name).chmod(0o755)
+        work = Path(name) / "job"
+        work.mkdir()
+        os.chown(work, NOBODY, NOBODY)
+        _check_unprivileged(work)
+
+
+def _check_unprivileged(work: Path) -> None:
+    spec = SandboxSpec(
+        uid=NOBODY, gid=NOBODY, read_write=[str(work)], memory_bytes=512 << 20, privileged=False
+    )
+    uid, _gid, host, caps, _shadow, _processes, vmem, wrote, readonly = _run(
+        spec, work, as_user=NOBODY
+    )
+    assert (uid, host, caps) == (str(NOBODY), "learner", "0000000000000000")
+    assert vmem == str(512 * 1024)  # KiB
+    assert (wrote, readonly) == ("wrote", "ro")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")
+def test_a_learner_cgroup_holds_the_sandbox_and_is_removed(work: Path) -> None:
+    os.chown(work, 212346, 212346)
+    spec = SandboxSpec(uid=212346, gid=212346, read_write=[str(work)], memory_bytes=256 << 20)
+    cgroup = LearnerCgroup.create(f"ffdl-test-{os.getpid()}", spec.memory_bytes, 1.0)
+    try:
+        assert _run(spec, work, procs=tuple(cgroup.procs_files))[0] == "212346"
+        assert not cgroup.oom_killed()
+        # The namespace's last processes leave the cgroup as the kernel tears it down.
+        wait_for(lambda: not cgroup.members(), timeout=10, what="an empty cgroup")
+    finally:
+        cgroup.remove()
+    assert not any(directory.exists() for directory in cgroup.directories)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"uid": 0, "gid": 5}, "must not be root"),
+        ({"uid": 5, "gid": 5, "network": "bridge"}, "none, host or netns"),
+        ({"uid": 5, "gid": 5, "read_write": ["relative"]}, "absolute paths"),
+        ({"uid": 5, "gid": 5, "volumes": [["/a"]]}, "source, target"),
+        ({"uid": 5, "gid": 5, "memory_bytes": "1G"}, "integer"),
+    ],
+)
+def test_a_bad_sandbox_spec_is_refused_naming_the_field(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        _sandbox(raw)
