@@ -239,8 +239,7 @@ for pid in {sorted(victim_pids)!r}:
         stop(server, victim)
 
 
-def test_nothing_survives_a_killed_controller(server: LiveServer) -> None:
-    script = """
+DAEMONS = """
 import os, subprocess, sys, time
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
 if os.fork() == 0:
@@ -249,16 +248,38 @@ if os.fork() == 0:
         time.sleep(600)
     os._exit(0)
 open(os.path.join(os.environ["MODEL_DIR"], "ready"), "w").write("yes")
-time.sleep(600)
+while not os.path.exists(os.path.join(os.environ["JOB_STATE_DIR"], "finish")):
+    time.sleep(0.05)
 """
-    job_id = server.submit_ok(manifest_yaml("python daemons.py"), {"daemons.py": script})
+
+
+@pytest.mark.parametrize("ending", ["completion", "halt", "delete"])
+def test_nothing_of_a_job_outlives_it(server: LiveServer, ending: str) -> None:
+    job_id = server.submit_ok(manifest_yaml("python daemons.py"), {"daemons.py": DAEMONS})
+    job_dir = server.home / "jobs" / job_id
+    wait_for(lambda: (job_dir / "code" / "ready").exists(), what="the daemons to start")
+    wait_for(lambda: len(job_pids(job_id)) >= 4, what="the command, its children and daemons")
+    if ending == "completion":
+        (job_dir / "state" / "finish").touch()
+        server.wait_status(job_id, {"COMPLETED"})
+    elif ending == "halt":
+        server.client.patch(f"/v1/models/{job_id}", json={"status": "halt"})
+        server.wait_status(job_id, {"HALTED"})
+    else:
+        server.client.delete(f"/v1/models/{job_id}")
+        server.wait_status(job_id, {"CANCELLED"})
+    wait_for(lambda: not job_pids(job_id), timeout=15, what="every process of the job to end")
+
+
+def test_nothing_survives_a_killed_controller(server: LiveServer) -> None:
+    job_id = server.submit_ok(manifest_yaml("python daemons.py"), {"daemons.py": DAEMONS})
     job_dir = server.home / "jobs" / job_id
     wait_for(lambda: (job_dir / "code" / "ready").exists(), what="the daemons to start")
     wait_for(lambda: len(job_pids(job_id)) >= 4, what="the command, its children and daemons")
     controller = int(next(job_dir.rglob("launched.pid")).read_text())
     os.kill(controller, signal.SIGKILL)
     wait_for(lambda: not job_pids(job_id), timeout=15, what="every process of the job to end")
-    stop(server, job_id)
+    server.client.delete(f"/v1/models/{job_id}")
 
 
 def test_a_learner_over_its_memory_fails_with_its_limit(server: LiveServer) -> None:
