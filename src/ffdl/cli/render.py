@@ -144,6 +144,29 @@ def _events_table(events: Any) -> Table | None:
     return table
 
 
+def _attempts_table(attempts: Any, restarts: Any) -> Table | None:
+    """One row per attempt (each placement of the job), how it ended and why."""
+    if not isinstance(attempts, list) or not attempts:
+        return None
+    title = "Attempts"
+    if isinstance(restarts, dict) and restarts.get("max"):
+        title += f" (automatic restarts {_text(restarts.get('taken'), '0')} of {restarts['max']})"
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for column in ("#", "Started", "Ended", "Status", "Reason"):
+        table.add_column(column)
+    for attempt in attempts:
+        if not isinstance(attempt, dict):
+            continue
+        table.add_row(
+            _text(attempt.get("attempt")),
+            format_time(attempt.get("started")),
+            format_time(attempt.get("ended")),
+            status_cell(attempt.get("status")),
+            _text(attempt.get("reason")),
+        )
+    return table
+
+
 def model_panel(model: dict[str, Any]) -> Panel:
     """Everything a user asks about one job: status, why, where it runs, where results go."""
     training = model.get("training") or {}
@@ -187,6 +210,10 @@ def model_panel(model: dict[str, Any]) -> Panel:
     model_id = _text(model.get("model_id"))
     fact("Download", f"ffdl download {model_id} --trained-model")
     parts: list[RenderableType] = [facts]
+    attempts = _attempts_table(model.get("attempts"), model.get("restarts"))
+    if attempts is not None:
+        parts.append(Text(""))
+        parts.append(attempts)
     events = _events_table(model.get("events"))
     if events is not None:
         parts.append(Text(""))

@@ -2,7 +2,9 @@
 
 The transition tables here are the single definition of the status machine
 (DESIGN §6); ``server/store/transitions.py`` is the only writer and checks every change
-against them.
+against them. Two changes are allowed only for a named cause (``Via``): a running job
+goes back to QUEUED when the platform restarts it after a failure, and a FAILED job goes
+back to QUEUED when its user resumes it; no other writer can take either path.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ class ErrorCode(StrEnum):
     CONTROLLER_LOST = "S201"
 
 
+class Via(StrEnum):
+    """Why a job takes one of the transitions that are not open to every writer."""
+
+    RESTART = "restart"  # the platform restarts a failed attempt from its last checkpoint
+    RESUME = "resume"  # a user resumes a FAILED job from its last checkpoint
+
+
 J = JobStatus
 # Running states: a job in one of these holds resources on the backend.
 RUNNING_JOB_STATES = frozenset({J.PENDING, J.DOWNLOADING, J.PROCESSING, J.STORING})
@@ -72,6 +81,10 @@ _JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     J.COMPLETED: frozenset(),
     J.FAILED: frozenset(),
     J.CANCELLED: frozenset(),
+}
+_VIA_TRANSITIONS: dict[Via, dict[JobStatus, frozenset[JobStatus]]] = {
+    Via.RESTART: {s: frozenset({J.QUEUED}) for s in (*RUNNING_JOB_STATES, J.RESCALING)},
+    Via.RESUME: {J.FAILED: frozenset({J.QUEUED})},
 }
 
 L = LearnerStatus
@@ -97,16 +110,18 @@ def is_terminal(status: JobStatus) -> bool:
     return status in TERMINAL_JOB_STATES
 
 
-def job_transition_allowed(current: JobStatus, target: JobStatus) -> bool:
-    return target in _JOB_TRANSITIONS[current]
+def job_transition_allowed(current: JobStatus, target: JobStatus, via: Via | None = None) -> bool:
+    if target in _JOB_TRANSITIONS[current]:
+        return True
+    return via is not None and target in _VIA_TRANSITIONS[via].get(current, frozenset())
 
 
 def learner_transition_allowed(current: LearnerStatus, target: LearnerStatus) -> bool:
     return target in _LEARNER_TRANSITIONS[current]
 
 
-def check_job_transition(current: JobStatus, target: JobStatus) -> None:
-    if not job_transition_allowed(current, target):
+def check_job_transition(current: JobStatus, target: JobStatus, via: Via | None = None) -> None:
+    if not job_transition_allowed(current, target, via):
         raise IllegalTransition("job", current.value, target.value)
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from ffdl.backends.base import Backend
 from ffdl.server.auth import JobTokens
 from ffdl.server.credentials import CredentialVault
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
+from ffdl.server.store.transitions import utcnow
 
 
 class Wakeups:
@@ -49,3 +51,6 @@ class Platform:
     # Seals data-store credentials in stored manifests; see ``ffdl.server.credentials``.
     credentials: CredentialVault
     wakeups: Wakeups = field(default_factory=Wakeups)
+    # When this control plane started (naive UTC, like the store's times): silence is
+    # measured from here at the earliest, since no controller could be heard before.
+    started_at: datetime = field(default_factory=utcnow)

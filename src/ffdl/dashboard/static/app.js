@@ -281,6 +281,28 @@
     return `position ${position}, ETA ${queue.eta || "unknown"}`;
   }
 
+  // One line per attempt (each placement of the job): when it ran, how it ended and why.
+  function attemptsList(model) {
+    const attempts = model.attempts || [];
+    if (attempts.length === 0) return "–";
+    const list = el("ul", { class: "plain attempts" });
+    for (const attempt of attempts) {
+      list.append(el(
+        "li",
+        { dataset: { attempt: String(attempt.attempt) } },
+        `#${attempt.attempt} `,
+        badge(attempt.status),
+        ` ${localTime(attempt.started) || "–"} → ${localTime(attempt.ended) || "running"}`,
+        attempt.reason ? ` — ${attempt.reason}` : "",
+      ));
+    }
+    const restarts = model.restarts || {};
+    if (restarts.max) {
+      list.append(el("li", {}, `automatic restarts: ${restarts.taken || 0} of ${restarts.max}`));
+    }
+    return list;
+  }
+
   function renderSummary(model) {
     const training = model.training || {};
     const status = training.training_status || {};
@@ -296,6 +318,7 @@
       ["Submitted", localTime(status.submitted) || "–"],
       ["Started", localTime(status.started) || "–"],
       ["Completed", localTime(status.completed) || "–"],
+      ["Attempts", attemptsList(model)],
     ];
     const items = [];
     for (const [label, value] of entries) {

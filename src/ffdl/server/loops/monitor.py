@@ -3,12 +3,19 @@
 A learner whose controller has been quiet for a few heartbeats is polled on the backend:
 a controller that exited leaves its final result, which is applied as if reported; one
 that vanished fails the learner (and so the job) with S201; one that runs but stays silent
-past the heartbeat timeout is killed and failed. Learners still alive in a job that has
-already ended (e.g. the others of a failed gang) are killed.
+past the heartbeat timeout is killed and failed. Learners still alive in an attempt that
+is over (the others of a failed gang, a job gone back to the queue to restart) are killed.
+
+Silence is counted from the later of the last heartbeat and this control plane's start:
+while the server was down nobody could hear the controllers (they buffer and carry on),
+so after a restart each gets a full heartbeat timeout to get through again. One learner's
+trouble (an exception polling or killing it) is logged as that learner's, and the pass
+goes on with the others.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -18,6 +25,7 @@ from sqlalchemy import select
 from ffdl.backends.base import LearnerState
 from ffdl.core.errors import IllegalTransition
 from ffdl.core.status import (
+    HOLDING_JOB_STATES,
     TERMINAL_JOB_STATES,
     TERMINAL_LEARNER_STATES,
     ErrorCode,
@@ -30,6 +38,8 @@ from ffdl.server.services.queries import current_learners
 from ffdl.server.store.models import Job, Learner
 from ffdl.server.store.transitions import set_learner_status, utcnow
 
+log = logging.getLogger("ffdl.monitor")
+
 
 @dataclass(frozen=True, slots=True)
 class _Watch:
@@ -39,6 +49,8 @@ class _Watch:
     handle: dict[str, Any]
     silent_s: float
     job_ended: bool
+    # Why an ended attempt's learner is stopped, when ``job_ended``.
+    stop_reason: str = "stopped: job ended"
 
 
 def monitor_pass(platform: Platform) -> None:
@@ -54,8 +66,10 @@ def monitor_pass(platform: Platform) -> None:
             .where(Learner.status.in_(live))
         ).all()
         for learner, job_status, job_attempt in rows:
-            ended = JobStatus(job_status) in TERMINAL_JOB_STATES or learner.attempt != job_attempt
-            last = learner.last_heartbeat or learner.updated_at
+            status = JobStatus(job_status)
+            # A job that holds nothing (QUEUED to restart, HALTED) has no attempt running.
+            ended = status not in HOLDING_JOB_STATES or learner.attempt != job_attempt
+            last = max(learner.last_heartbeat or learner.updated_at, platform.started_at)
             if ended or now - last > quiet_after:
                 watches.append(
                     _Watch(
@@ -65,13 +79,32 @@ def monitor_pass(platform: Platform) -> None:
                         dict(learner.handle or {}),
                         (now - last).total_seconds(),
                         ended,
+                        _stop_reason(status, learner.attempt, job_attempt),
                     )
                 )
     changed = False
     for watch in watches:
-        changed |= _check(platform, watch)
+        try:
+            changed |= _check(platform, watch)
+        except Exception:
+            log.exception(
+                "checking learner %d of %s (attempt %d) failed; next pass tries again",
+                watch.index,
+                watch.job_id,
+                watch.attempt,
+            )
     if changed:
         platform.wakeups.notify("scheduler", "lcm")
+
+
+def _stop_reason(status: JobStatus, attempt: int, job_attempt: int) -> str:
+    if status in TERMINAL_JOB_STATES:
+        return "stopped: job ended"
+    if attempt != job_attempt:
+        return f"stopped: attempt {attempt} was superseded by attempt {job_attempt}"
+    if status == JobStatus.QUEUED:
+        return "stopped: the job restarts"
+    return f"stopped: job {status.value}"
 
 
 def _check(platform: Platform, watch: _Watch) -> bool:
@@ -79,12 +112,12 @@ def _check(platform: Platform, watch: _Watch) -> bool:
     if not watch.handle:
         # Not launched yet: the deploy timeout covers a launch that never happens.
         if watch.silent_s > settings.deploy_timeout_s or watch.job_ended:
-            reason = "stopped: job ended" if watch.job_ended else "learner was never launched"
+            reason = watch.stop_reason if watch.job_ended else "learner was never launched"
             return _settle(platform, watch, LearnerStatus.FAILED, reason, None, None)
         return False
     if watch.job_ended:
         platform.backend.kill(watch.handle)
-        return _settle(platform, watch, LearnerStatus.CANCELLED, "stopped: job ended", None, None)
+        return _settle(platform, watch, LearnerStatus.CANCELLED, watch.stop_reason, None, None)
     polled = platform.backend.poll(watch.handle)
     if polled.state == LearnerState.RUNNING:
         if watch.silent_s <= settings.heartbeat_timeout_s:

@@ -2,6 +2,8 @@
 
 Starts move QUEUED jobs to PENDING with their placement; preemptions ask victims to halt
 (they are requeued once HALTED); every job left waiting gets its position, reason and ETA.
+A job backing off before an automatic restart (``services/restarts.py``) is left out of the
+snapshot until its ``not_before``: it keeps the reason its restart gave it.
 The snapshot reads plain columns (no ORM objects, no manifests) and the loop only writes
 queue information that changed since it last wrote it, so a pass over thousands of queued
 jobs stays cheap.
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import socket
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Table, bindparam, select, update
@@ -50,6 +52,7 @@ _COLUMNS = (
     Job.status_changed_at,
     Job.placement,
     Job.elastic,
+    Job.not_before,
 )
 
 QueueInfo = tuple[int | None, str, float | None]
@@ -80,14 +83,19 @@ class SchedulerLoop:
     def snapshot(self) -> tuple[Snapshot, dict[str, datetime]]:
         platform = self._platform
         holding = [s.value for s in HOLDING_JOB_STATES]
+        now = time.time()
+        wall = datetime.fromtimestamp(now, UTC).replace(tzinfo=None)
         with platform.store.read() as session:
             queued = session.execute(
-                select(*_COLUMNS).where(Job.status == JobStatus.QUEUED.value)
+                select(*_COLUMNS).where(
+                    Job.status == JobStatus.QUEUED.value,
+                    Job.not_before.is_(None) | (Job.not_before <= wall),
+                )
             ).all()
             running = session.execute(select(*_COLUMNS).where(Job.status.in_(holding))).all()
             tenants = session.scalars(select(Tenant)).all()
         snapshot = Snapshot(
-            now=time.time(),
+            now=now,
             nodes=tuple(effective_nodes(platform)),
             queued=tuple(queued_job(row) for row in queued),
             running=tuple(running_job(row) for row in running),
@@ -113,6 +121,7 @@ class SchedulerLoop:
                     continue  # halted or deleted since the snapshot
                 job.placement = start.placement.to_json()
                 job.attempt += 1
+                job.not_before = None
                 job.master_port = free_port() if job.learners > 1 else None
                 nodes = ", ".join(start.placement.nodes)
                 set_job_status(session, job, JobStatus.PENDING, f"placed on {nodes}")

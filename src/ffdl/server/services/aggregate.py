@@ -2,7 +2,8 @@
 
 Called right after a learner report is stored and by the monitor loop, always inside the
 caller's write transaction. A job is PROCESSING only when every learner is; any failed
-learner fails the job (the monitor then stops the others).
+learner fails the job, or restarts it from its last checkpoint while it has restarts left
+(``services/restarts.py``); the monitor then stops the others.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ffdl.core.status import (
     LearnerStatus,
     is_terminal,
 )
+from ffdl.server.services.restarts import restart_failed
 from ffdl.server.store.models import Job, Learner
 from ffdl.server.store.transitions import set_job_status
 
@@ -60,12 +62,19 @@ def aggregate_job(session: Session, job: Job, learners: list[Learner]) -> None:
 
 
 def aggregate_job_failure(session: Session, job: Job, learner: Learner) -> None:
-    """Fail ``job`` because ``learner`` failed, carrying its reason and codes."""
+    """``learner`` failed: restart ``job`` if it may, else fail it with the learner's reason
+    and codes. A job its user cancels is left to the lifecycle manager, which ends it
+    CANCELLED: its learners fail because of the cancellation, not of their own."""
+    if job.desired == "cancel":
+        return
+    cause = learner.reason or f"learner {learner.index} failed"
+    if restart_failed(session, job, cause):
+        return
     set_job_status(
         session,
         job,
         JobStatus.FAILED,
-        learner.reason or f"learner {learner.index} failed",
+        cause,
         error_code=_learner_error_code(learner),
         exit_code=learner.exit_code,
     )

@@ -15,12 +15,13 @@ from sqlalchemy import delete as sql_delete
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import BadRequest, ConflictError
-from ffdl.core.status import HOLDING_JOB_STATES, JobStatus, is_terminal
+from ffdl.core.status import HOLDING_JOB_STATES, JobStatus, Via, is_terminal
 from ffdl.server.auth import Principal
 from ffdl.server.platform import Platform
 from ffdl.server.services import audit
 from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.queries import load_job
+from ffdl.server.services.restarts import reset_for_resume
 from ffdl.server.store.models import Job
 from ffdl.server.store.transitions import set_job_status
 
@@ -57,17 +58,32 @@ def halt_job(platform: Platform, principal: Principal, job_id: str) -> None:
 
 
 def resume_job(platform: Platform, principal: Principal, job_id: str) -> None:
+    """Put a HALTED or FAILED job back in the queue; its next attempt starts from the job's
+    last checkpoint. Resuming a FAILED job starts a new run with its whole restart budget;
+    a halted job keeps the restarts it has taken."""
     with platform.store.write() as session:
         job = _load_for_change(session, principal, job_id, "job.resume")
         status = JobStatus(job.status)
-        if status != JobStatus.HALTED:
+        if status not in (JobStatus.HALTED, JobStatus.FAILED):
             raise ConflictError(
-                f"cannot resume {job_id}: it is {status.value}, only HALTED jobs resume",
+                f"cannot resume {job_id}: it is {status.value}; only HALTED jobs resume, "
+                "and FAILED ones from their last checkpoint",
                 detail={"status": status.value},
             )
         job.desired = None
         job.placement = None
-        set_job_status(session, job, JobStatus.QUEUED, "resumed by user")
+        job.not_before = None  # a user's resume does not wait out a restart's back-off
+        if status == JobStatus.FAILED:
+            reset_for_resume(job)
+            set_job_status(
+                session,
+                job,
+                JobStatus.QUEUED,
+                "resumed by user after it failed; continues from its last checkpoint",
+                via=Via.RESUME,
+            )
+        else:
+            set_job_status(session, job, JobStatus.QUEUED, "resumed by user")
     platform.wakeups.notify("scheduler")
 
 

@@ -6,6 +6,7 @@ own tenant's jobs, a platform admin every tenant's, and another tenant's job is 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,12 +15,15 @@ from sqlalchemy.orm import Session
 
 from ffdl.core.errors import BadRequest, NotFound
 from ffdl.core.manifest import redact_secrets
-from ffdl.core.status import JobStatus
+from ffdl.core.status import RUNNING_JOB_STATES, TERMINAL_JOB_STATES, JobStatus
 from ffdl.server.auth import Principal
+from ffdl.server.services.restarts import max_restarts
 from ffdl.server.store.models import Event, Job, Learner
 
 # Beyond this an offset only pages past every job; far larger ones overflow the database.
 MAX_OFFSET = 1_000_000_000
+# Statuses in which an attempt is over (besides going back to the queue).
+_ATTEMPT_ENDS = TERMINAL_JOB_STATES | {JobStatus.HALTED}
 
 
 def iso(value: datetime | None) -> str | None:
@@ -149,6 +153,8 @@ def model_detail(session: Session, job: Job) -> dict[str, Any]:
         for lr in current_learners(session, job)
     ]
     events = session.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id)).all()
+    body["attempts"] = job_attempts(events)
+    body["restarts"] = {"taken": job.restarts or 0, "max": max_restarts(job)}
     body["events"] = [
         {
             "time": iso(ev.created_at),
@@ -160,6 +166,48 @@ def model_detail(session: Session, job: Job) -> dict[str, Any]:
         for ev in events
     ]
     return body
+
+
+def job_attempts(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """Every attempt of a job, from its status events: an attempt starts when the job is
+    placed (each placement is a new attempt, numbered as ``Job.attempt`` counts them) and
+    ends when the job leaves its resources: finished, halted, requeued, or placed anew.
+
+    ``status`` is how the attempt ended (FAILED for one that was restarted after a
+    failure) or, while it runs, the job's status; ``reason`` the event that says why.
+    """
+    attempts: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    for ev in events:
+        if ev.learner is not None:
+            continue
+        target = JobStatus(ev.to_status)
+        if target == JobStatus.PENDING:
+            if current is not None:
+                current["ended"] = iso(ev.created_at)
+            current = {
+                "attempt": len(attempts) + 1,
+                "started": iso(ev.created_at),
+                "ended": None,
+                "status": target.value,
+                "reason": ev.reason,
+            }
+            attempts.append(current)
+            continue
+        if current is None:
+            continue
+        current["reason"] = ev.reason
+        if target == JobStatus.QUEUED:
+            # Back to the queue from a running status is a restart after a failure; from
+            # RESCALING, a new size that found no room: the attempt keeps that status.
+            if ev.from_status is not None and JobStatus(ev.from_status) in RUNNING_JOB_STATES:
+                current["status"] = JobStatus.FAILED.value
+        else:
+            current["status"] = target.value
+        if target == JobStatus.QUEUED or target in _ATTEMPT_ENDS:
+            current["ended"] = iso(ev.created_at)
+            current = None
+    return attempts
 
 
 def eta_text(eta_s: float | None) -> str:

@@ -109,6 +109,10 @@ class Job(Base):
     results_location: Mapped[str | None] = mapped_column(Text, default=None)
     queue_position: Mapped[int | None] = mapped_column(Integer, default=None)
     queue_eta_at: Mapped[float | None] = mapped_column(Float, default=None)  # epoch seconds
+    # Automatic restarts (``services/restarts.py``): how many this run of the job has taken
+    # (None in older databases: none), and the end of the back-off before the next attempt.
+    restarts: Mapped[int | None] = mapped_column(Integer, default=0)
+    not_before: Mapped[datetime | None] = mapped_column(default=None)
     submitted_at: Mapped[datetime]
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)

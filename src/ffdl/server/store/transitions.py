@@ -16,6 +16,7 @@ from ffdl.core.status import (
     TERMINAL_JOB_STATES,
     JobStatus,
     LearnerStatus,
+    Via,
     check_job_transition,
     check_learner_transition,
 )
@@ -35,15 +36,17 @@ def set_job_status(
     *,
     error_code: str | None = None,
     exit_code: int | None = None,
+    via: Via | None = None,
 ) -> Event | None:
     """Move ``job`` to ``target`` (a no-op when already there) and record the event.
 
+    ``via`` names the cause of a transition open only to it (a restart, a user's resume).
     Raises ``IllegalTransition`` when the status machine forbids the change.
     """
     current = JobStatus(job.status)
     if current == target:
         return None
-    check_job_transition(current, target)
+    check_job_transition(current, target, via)
     now = utcnow()
     job.status = target.value
     job.reason = reason
