@@ -312,7 +312,7 @@ class Chaos:
             status = model["training"]["training_status"]["status"]
             report.completed += status == "COMPLETED"
             report.failed += status == "FAILED"
-            report.restarts += max(0, int(model.get("attempt") or 0))
+            report.restarts += int((model.get("restarts") or {}).get("taken") or 0)
             first_changes += [
                 datetime.fromisoformat(e["time"]).timestamp() for e in model["events"]
             ]
