@@ -39,16 +39,28 @@ def aggregate_job(session: Session, job: Job, learners: list[Learner]) -> None:
         return
     states = [LearnerStatus(lr.status) for lr in learners]
     failed = [lr for lr in learners if lr.status == LearnerStatus.FAILED.value]
+    if status == JobStatus.HALTING:
+        # Stopping was asked for (a halt or a preemption): a learner lost on the way out
+        # still leaves the job resumable from its last checkpoint, as a halt does.
+        if all(s in TERMINAL_LEARNER_STATES for s in states):
+            if all(s == LearnerStatus.COMPLETED for s in states):
+                set_job_status(session, job, JobStatus.COMPLETED, "completed before the halt")
+            elif failed:
+                first = min(failed, key=lambda lr: lr.updated_at)
+                reason = f"halted; learner {first.index} ended: {first.reason or 'failed'}"
+                set_job_status(session, job, JobStatus.HALTED, reason)
+            else:
+                set_job_status(session, job, JobStatus.HALTED, job.reason or "halted")
+        return
     if failed:
         aggregate_job_failure(session, job, min(failed, key=lambda lr: lr.updated_at))
         return
-    if status == JobStatus.HALTING or LearnerStatus.HALTED in states:
+    if LearnerStatus.HALTED in states:
         if all(s in TERMINAL_LEARNER_STATES for s in states):
             if all(s == LearnerStatus.COMPLETED for s in states):
                 set_job_status(session, job, JobStatus.COMPLETED, "completed before the halt")
             else:
-                if status != JobStatus.HALTING:
-                    set_job_status(session, job, JobStatus.HALTING, "learners halted")
+                set_job_status(session, job, JobStatus.HALTING, "learners halted")
                 set_job_status(session, job, JobStatus.HALTED, job.reason or "halted")
         return
     if any(s == LearnerStatus.CANCELLED for s in states):
