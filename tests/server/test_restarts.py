@@ -22,7 +22,7 @@ from ffdl.server.credentials import CredentialVault
 from ffdl.server.loops.monitor import monitor_pass
 from ffdl.server.loops.scheduler import SchedulerLoop
 from ffdl.server.platform import Platform
-from ffdl.server.services.aggregate import aggregate_job_failure
+from ffdl.server.services.aggregate import aggregate_job, aggregate_job_failure
 from ffdl.server.services.queries import job_attempts
 from ffdl.server.services.restarts import BACKOFF_MAX_S, backoff_s
 from ffdl.server.settings import Settings
@@ -248,3 +248,25 @@ def test_one_learners_error_does_not_stop_the_monitor_pass(tmp_path: Path) -> No
     assert _job(store, "training-g").status == "PROCESSING"
     job = _job(store, "training-h")
     assert job.status == "FAILED" and job.error_code == "S201"
+
+
+def test_a_learner_lost_while_halting_leaves_the_job_halted(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    _running_job(store, "training-halt", max_restarts=2)
+    with store.write() as session:
+        job = session.get(Job, "training-halt")
+        assert job is not None
+        set_job_status(session, job, JobStatus.HALTING, "halt requested by user")
+    with store.write() as session:
+        job = session.get(Job, "training-halt")
+        learner = session.scalars(select(Learner).where(Learner.job_id == job.id)).first()
+        assert job is not None and learner is not None
+        learner.status = LearnerStatus.FAILED.value
+        learner.reason = "controller of learner 1 is gone without a result"
+        aggregate_job(session, job, [learner])
+    with store.read() as session:
+        job = session.get(Job, "training-halt")
+        assert job is not None
+        assert job.status == JobStatus.HALTED.value
+        assert "learner 1 ended: controller of learner 1 is gone" in job.reason
+        assert (job.restarts or 0) == 0
