@@ -145,6 +145,9 @@ def job_ops() -> list[Op]:
     hidden = (404, 404, 200)
     return [
         Op("GET", "/health", (200, 200, 200)),
+        # The public dashboard: the same for everyone (no asset is called {name} here).
+        Op("GET", "/", (200, 200, 200)),
+        Op("GET", "/static/{name}", (404, 404, 404)),
         Op("POST", "/v1/models", mine),
         Op("GET", "/v1/models", (200, 200, 200)),
         Op("GET", "/v1/models/{model_id}", hidden),

@@ -7,11 +7,13 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from ffdl.backends.base import Backend
 from ffdl.backends.local import LocalBackend
@@ -38,10 +40,18 @@ from ffdl.server.routers import (
     tokens,
 )
 from ffdl.server.routers.health import ffdl_version
+from ffdl.server.routers.responses import without_validation_422
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
 
 log = logging.getLogger("ffdl.server")
+
+
+class FfdlApp(FastAPI):
+    """The app, whose OpenAPI lists the answers it really gives (400, never 422)."""
+
+    def openapi(self) -> dict[str, Any]:
+        return without_validation_422(super().openapi())
 
 
 def build_platform(settings: Settings, backend: Backend | None = None) -> Platform:
@@ -89,7 +99,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
                     await task
             platform.store.dispose()
 
-    app = FastAPI(
+    app = FfdlApp(
         title="ffdl",
         version=ffdl_version(),
         description="Fabric for Deep Learning: submit, schedule, run and follow training jobs.",
@@ -111,6 +121,23 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         app.include_router(module.router)
     _install_error_handlers(app)
     return app
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """Every method some route of ``app`` answers at ``path``: what a 405's ``Allow`` lists.
+
+    (The route that raises the 405 knows only its own methods, not those of the other
+    routes at the same path, e.g. ``GET`` and ``POST /v1/models``.)
+    """
+    allowed = []
+    for method in _METHODS:
+        scope = {"type": "http", "method": method, "path": path, "root_path": "", "headers": []}
+        if any(route.matches(scope)[0] == Match.FULL for route in app.router.routes):
+            allowed.append(method)
+    return allowed
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -135,10 +162,17 @@ def _install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Keep the exception's headers; a 405 says every method the path is ``Allow``-ed.
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            allowed = allowed_methods(app, request.url.path)
+            if allowed:
+                headers["Allow"] = ", ".join(allowed)
         return JSONResponse(
             status_code=exc.status_code,
             content={"error": str(exc.detail), "code": f"H{exc.status_code}", "detail": None},
+            headers=headers,
         )
 
     @app.exception_handler(Exception)

@@ -7,12 +7,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
+from ffdl.server.routers.responses import AUTHENTICATED, errors
 from ffdl.server.services import audit
 
-router = APIRouter(prefix="/v1/audit", tags=["admin"])
+router = APIRouter(prefix="/v1/audit", tags=["admin"], responses={**AUTHENTICATED, **errors(403)})
 
 
-@router.get("")
+@router.get("", responses=errors(400))
 def get_audit(
     platform: PlatformDep,
     principal: PrincipalDep,

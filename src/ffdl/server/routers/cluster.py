@@ -8,9 +8,10 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
+from ffdl.server.routers.responses import AUTHENTICATED, errors
 from ffdl.server.services.cluster import cluster_view, drain, queue_view
 
-router = APIRouter(prefix="/v1", tags=["cluster"])
+router = APIRouter(prefix="/v1", tags=["cluster"], responses=AUTHENTICATED)
 
 
 @router.get("/nodes")
@@ -28,7 +29,7 @@ class DrainRequest(BaseModel):
     reason: str = Field(default="maintenance", max_length=200)
 
 
-@router.post("/nodes/{name}/drain")
+@router.post("/nodes/{name}/drain", responses=errors(400, 403, 404))
 def drain_node(
     platform: PlatformDep, principal: PrincipalDep, name: str, body: DrainRequest | None = None
 ) -> dict[str, Any]:
@@ -36,6 +37,6 @@ def drain_node(
     return drain(platform, principal, name, True, reason)
 
 
-@router.post("/nodes/{name}/undrain")
+@router.post("/nodes/{name}/undrain", responses=errors(403, 404))
 def undrain_node(platform: PlatformDep, principal: PrincipalDep, name: str) -> dict[str, Any]:
     return drain(platform, principal, name, False)

@@ -13,6 +13,7 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
 from ffdl.core.errors import NotFound
+from ffdl.server.routers.responses import content, errors
 
 router = APIRouter(tags=["dashboard"])
 
@@ -48,11 +49,25 @@ def _serve(name: str) -> FileResponse:
     return FileResponse(path, media_type=_MEDIA_TYPES[path.suffix], headers=_NO_STALE)
 
 
-@router.get("/", include_in_schema=False)
+@router.get(
+    "/",
+    response_class=FileResponse,
+    responses=content("text/html", description="The dashboard's page"),
+)
 def index() -> FileResponse:
     return _serve("index.html")
 
 
-@router.get("/static/{name}", include_in_schema=False)
+@router.get(
+    "/static/{name}",
+    response_class=FileResponse,
+    responses={
+        **content(
+            *sorted({media.split(";")[0] for media in _MEDIA_TYPES.values()}),
+            description="A dashboard asset, its media type by its suffix",
+        ),
+        **errors(404),
+    },
+)
 def asset(name: str) -> FileResponse:
     return _serve(name)

@@ -7,10 +7,13 @@ from typing import Any
 from fastapi import APIRouter
 
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
+from ffdl.server.routers.responses import AUTHENTICATED, errors
 from ffdl.server.services import logs
 from ffdl.server.services.queries import load_job
 
-router = APIRouter(prefix="/v1/logs", tags=["logs"])
+router = APIRouter(
+    prefix="/v1/logs", tags=["logs"], responses={**AUTHENTICATED, **errors(400, 404)}
+)
 
 
 @router.get("/{model_id}/loglines")

@@ -12,13 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from ffdl.core.errors import BadRequest, NotFound, PayloadTooLarge
 from ffdl.core.limits import MAX_COUNT, MAX_INT64, bounded_int
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
+from ffdl.server.routers.responses import AUTHENTICATED, download, errors, header
 from ffdl.server.services import control
 from ffdl.server.services.archive import zip_directory
 from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.queries import list_jobs, load_job, model_detail, model_summary
 from ffdl.server.services.submit import submit_job
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], responses=AUTHENTICATED)
 
 
 class ModelPatch(BaseModel):
@@ -36,7 +37,17 @@ def _read_limited(upload: UploadFile, limit: int, field: str) -> bytes:
     return data
 
 
-@router.post("", status_code=201)
+@router.post(
+    "",
+    status_code=201,
+    responses={
+        201: {
+            "description": "Queued; `Location` names the new model",
+            "headers": {"Location": header("the new model's URL")},
+        },
+        **errors(400, 413),
+    },
+)
 def create_model(
     platform: PlatformDep,
     principal: PrincipalDep,
@@ -60,7 +71,7 @@ def create_model(
     )
 
 
-@router.get("")
+@router.get("", responses=errors(400))
 def get_models(
     platform: PlatformDep,
     principal: PrincipalDep,
@@ -73,13 +84,13 @@ def get_models(
         return {"models": [model_summary(job) for job in jobs], "total": total}
 
 
-@router.get("/{model_id}")
+@router.get("/{model_id}", responses=errors(404))
 def get_model(platform: PlatformDep, principal: PrincipalDep, model_id: str) -> dict[str, Any]:
     with platform.store.read() as session:
         return model_detail(session, load_job(session, principal, model_id))
 
 
-@router.patch("/{model_id}", status_code=202)
+@router.patch("/{model_id}", status_code=202, responses=errors(400, 404, 409))
 def patch_model(
     platform: PlatformDep, principal: PrincipalDep, model_id: str, body: ModelPatch
 ) -> dict[str, Any]:
@@ -109,12 +120,16 @@ def patch_model(
         return model_detail(session, load_job(session, principal, model_id))
 
 
-@router.delete("/{model_id}")
+@router.delete("/{model_id}", responses=errors(404, 409))
 def delete_model(platform: PlatformDep, principal: PrincipalDep, model_id: str) -> dict[str, Any]:
     return control.delete_job(platform, principal, model_id)
 
 
-@router.get("/{model_id}/definition", response_class=FileResponse)
+@router.get(
+    "/{model_id}/definition",
+    response_class=FileResponse,
+    responses={**download("application/zip", "The model definition as submitted"), **errors(404)},
+)
 def get_definition(platform: PlatformDep, principal: PrincipalDep, model_id: str) -> FileResponse:
     with platform.store.read() as session:
         load_job(session, principal, model_id)
@@ -124,7 +139,11 @@ def get_definition(platform: PlatformDep, principal: PrincipalDep, model_id: str
     return FileResponse(path, media_type="application/zip", filename=f"{model_id}-definition.zip")
 
 
-@router.get("/{model_id}/trained_model")
+@router.get(
+    "/{model_id}/trained_model",
+    response_class=Response,
+    responses={**download("application/zip", "The job's results directory"), **errors(404)},
+)
 def get_trained_model(platform: PlatformDep, principal: PrincipalDep, model_id: str) -> Response:
     with platform.store.read() as session:
         job = load_job(session, principal, model_id)

@@ -19,11 +19,12 @@ from sqlalchemy import select
 from ffdl.core.status import JobStatus, is_terminal
 from ffdl.server.platform import Platform
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
+from ffdl.server.routers.responses import AUTHENTICATED, errors, event_stream
 from ffdl.server.services.logs import lines_after, log_item, metric_item, metrics_after
 from ffdl.server.services.queries import iso, load_job
 from ffdl.server.store.models import Event, Job
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], responses=AUTHENTICATED)
 
 _POLL_S = 0.2
 _KEEPALIVE_S = 10.0
@@ -73,7 +74,17 @@ def _poll(platform: Platform, job_id: str, cursor: _Cursor) -> str | None:
     return status if finished and drained else None
 
 
-@router.get("/{model_id}/events/stream")
+@router.get(
+    "/{model_id}/events/stream",
+    response_class=StreamingResponse,
+    responses={
+        **event_stream(
+            ["log", "emetric", "status", "end"],
+            "`log`, `emetric` and `status` events, then `end` once the job stops",
+        ),
+        **errors(400, 404),
+    },
+)
 async def stream_events(
     platform: PlatformDep, principal: PrincipalDep, model_id: str, since_rindex: int = 0
 ) -> StreamingResponse:
