@@ -337,7 +337,7 @@ def test_a_member_may_not_create_users(world: World) -> None:
 def test_out_of_range_quotas_and_long_names_are_400s_naming_the_field(world: World) -> None:
     admin = world.clients[PLATFORM_ADMIN]
     for field_name in ("max_gpus", "max_running_jobs"):
-        for value in (2**63, 2**64 + 1, 1_000_001, -2):
+        for value in (2**63, 2**64 + 1, 1_000_001, -2, True, False, "3"):
             response = admin.patch("/v1/tenants/team-b", json={field_name: value})
             assert response.status_code == 400, (field_name, value, response.text)
             assert response.json()["detail"][0]["field"] == field_name

@@ -26,7 +26,8 @@ MAX_TEXT = 200
 
 
 class TenantCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a JSON true/false is not a quota of 1/0.
+    model_config = ConfigDict(extra="forbid", strict=True)
     id: str = Field(max_length=63)
     name: str = Field(default="", max_length=MAX_TEXT)
     max_gpus: int | None = Field(default=None, ge=0, le=MAX_QUOTA)
@@ -36,7 +37,7 @@ class TenantCreate(BaseModel):
 class QuotaUpdate(BaseModel):
     """New limits; a field left out is unchanged, ``-1`` removes that limit."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     max_gpus: int | None = Field(default=None, ge=-1, le=MAX_QUOTA)
     max_running_jobs: int | None = Field(default=None, ge=-1, le=MAX_QUOTA)
 
