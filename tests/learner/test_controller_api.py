@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ffdl.learner.reporter import BATCH_MAX_ITEMS
+
 from .test_controller import launch, make_spec, pid_printed, process_alive
 from .test_recording_api import RecordingApi, api, wait_until
 
@@ -58,7 +60,7 @@ def test_503s_and_lost_answers_neither_lose_nor_repeat_lines(
     assert run.wait() == 0
     assert_delivered_once_in_order(api, [f"line {i}" for i in range(1, 1201)])
     assert api.statuses() == ["DOWNLOADING", "PROCESSING", "COMPLETED"]
-    assert max(len(batch["items"]) for batch in api.batches) <= 500
+    assert max(len(batch["items"]) for batch in api.batches) <= BATCH_MAX_ITEMS
     delivered_twice = sum(len(b["items"]) for b in api.batches if b["items"]) > 1203
     assert delivered_twice, "lost answers must have caused resends"
 

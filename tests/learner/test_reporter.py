@@ -1,12 +1,16 @@
 """The report sender in-process against the recording stand-in: order, batching,
-heartbeats, overflow while the API is away, and the API's halt/cancel/gone answers."""
+heartbeats, spilling to disk and back-pressure while the API is away, and the API's
+halt/cancel/gone answers."""
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 from ffdl.learner.reporter import CANCEL, GAVE_UP, GONE, HALT, Reporter
+from ffdl.learner.spool import ITEM_OVERHEAD, Spool
 
 from .test_recording_api import TOKEN, RecordingApi, api, wait_until
 
@@ -43,7 +47,7 @@ def make_reporter(api: RecordingApi, events: Events | None = None, **options: An
 
 
 def test_items_arrive_in_order_in_batches_of_at_most_500(api: RecordingApi) -> None:
-    reporter = make_reporter(api)
+    reporter = make_reporter(api, batch_max=500)
     assert reporter.status("DOWNLOADING") == 1
     for index in range(1200):
         reporter.log("stdout", f"line {index}")
@@ -73,29 +77,89 @@ def test_heartbeats_go_out_when_nothing_else_does(api: RecordingApi) -> None:
     assert api.items() == []
 
 
-def test_overflow_drops_the_oldest_logs_and_keeps_statuses(api: RecordingApi) -> None:
+def segments(directory: Path) -> list[str]:
+    return sorted(name for name in os.listdir(directory) if name.startswith("segment-"))
+
+
+def test_a_long_outage_spills_to_disk_in_bounded_memory_and_loses_nothing(
+    api: RecordingApi, tmp_path: Path
+) -> None:
     api.stop()
-    reporter = make_reporter(api, max_pending=100)
+    memory = 16 * 1024
+    spool = Spool(str(tmp_path / "spool"), memory_bytes=memory, segment_bytes=64 * 1024)
+    reporter = make_reporter(api, spool=spool)
     reporter.status("PROCESSING")
-    for index in range(300):
+    peak = 0
+    for index in range(20_000):
         reporter.log("stdout", f"line {index}")
+        peak = max(peak, spool.memory_bytes)
     reporter.status("COMPLETED")
-    assert reporter.pending_count <= 101
+    # The head, plus the write buffer (which is written out once it reaches its chunk).
+    assert peak <= 2 * memory
+    assert reporter.pending_count == 20_002
+    assert len(segments(tmp_path / "spool")) > 3
     api.start()
 
-    assert reporter.drain(10.0)
+    assert reporter.drain(30.0)
     assert api.statuses() == ["PROCESSING", "COMPLETED"]
-    texts = api.log_texts()
-    notices = [text for text in texts if "dropped" in text]
-    assert len(notices) == 1
-    dropped = int(notices[0].split()[1])
-    kept = [text for text in texts if text.startswith("line")]
-    assert dropped + len(kept) == 300
-    assert kept == [f"line {index}" for index in range(dropped, 300)]
-    assert texts.index(notices[0]) == 0
-    # What was dropped never reached the API, so the stream it received has no gaps.
+    assert api.log_texts() == [f"line {index}" for index in range(20_000)]
     seqs = [item["seq"] for item in api.items()]
-    assert seqs == list(range(1, len(seqs) + 1))
+    assert seqs == list(range(1, 20_003))
+    assert reporter.spooled_items > 19_000
+    assert segments(tmp_path / "spool") == []
+
+
+def produce(reporter: Reporter, lines: int) -> threading.Thread:
+    """A reader thread's loop: wait for room, then queue the next line."""
+
+    def run() -> None:
+        for index in range(lines):
+            reporter.wait_for_room()
+            reporter.log("stdout", f"line {index}")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_full_spool_holds_the_producer_back_until_the_api_returns(
+    api: RecordingApi, tmp_path: Path
+) -> None:
+    api.stop()
+    memory, disk = 8 * 1024, 32 * 1024
+    spool = Spool(
+        str(tmp_path / "spool"), memory_bytes=memory, disk_bytes=disk, segment_bytes=8 * 1024
+    )
+    reporter = make_reporter(api, spool=spool)
+    producer = produce(reporter, 5000)
+    wait_until(lambda: reporter.waiting_producers == 1, timeout_s=10, what="back-pressure")
+    # Held back, not dropping: memory and disk stay within their limits.
+    assert producer.is_alive()
+    assert spool.memory_bytes <= 2 * memory + ITEM_OVERHEAD + 20
+    assert spool.disk_bytes <= disk + 8 * 1024
+    assert reporter.pending_count < 5000
+    api.start()
+
+    producer.join(30)
+    assert not producer.is_alive()
+    assert reporter.drain(30.0)
+    assert api.log_texts() == [f"line {index}" for index in range(5000)]
+    assert [item["seq"] for item in api.items()] == list(range(1, 5001))
+
+
+def test_a_producer_held_back_is_released_when_the_reporter_gives_up(
+    api: RecordingApi, tmp_path: Path
+) -> None:
+    api.stop()
+    events = Events()
+    spool = Spool(str(tmp_path / "spool"), memory_bytes=4096, disk_bytes=4096)
+    reporter = make_reporter(api, events, spool=spool, report_deadline_s=0.5)
+    producer = produce(reporter, 2000)
+    producer.join(15)
+    assert not producer.is_alive()
+    assert events.kinds() == [GAVE_UP]
+    assert not reporter.drain(1.0)
+    assert segments(tmp_path / "spool") == []
 
 
 def test_halt_and_cancel_answers_are_announced_once(api: RecordingApi) -> None:

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from ffdl.backends.base import Handle, LaunchRequest, LearnerState, PollResult
@@ -68,8 +69,11 @@ class LocalBackend:
                 "--no-sandbox to run learners unconfined (trusted single-user machines only)"
             )
         self._nodes = self._discover_nodes()
-        # Controllers this process started; waited on so they never linger as zombies.
+        # Controllers this process started, waited on so they never linger as zombies: every
+        # call the loops make each pass (nodes, launch, poll, halt, kill) reaps the finished
+        # ones. Loops and request threads call in at once, hence the lock.
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._children_lock = threading.Lock()
 
     def _discover_nodes(self) -> list[Node]:
         if self._settings.nodes:
@@ -102,9 +106,11 @@ class LocalBackend:
         ]
 
     def nodes(self) -> list[Node]:
+        self._reap_finished()
         return list(self._nodes)
 
     def launch(self, request: LaunchRequest) -> Handle:
+        self._reap_finished()
         spec = request.spec
         state_dir = Path(spec.state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -126,7 +132,8 @@ class LocalBackend:
             )
         finally:
             log.close()
-        self._children[proc.pid] = proc
+        with self._children_lock:
+            self._children[proc.pid] = proc
         (state_dir / "launched.pid").write_text(str(proc.pid))
         handle: Handle = {"pid": proc.pid, "state_dir": str(state_dir), "spec": str(spec_path)}
         if spec.sandbox is not None and spec.sandbox.privileged:
@@ -155,26 +162,29 @@ class LocalBackend:
             "HOME": str(self._settings.home),
         }
 
-    def _reap(self, pid: int) -> None:
-        child = self._children.get(pid)
-        if child is not None and child.poll() is not None:
-            del self._children[pid]
+    def _reap_finished(self) -> None:
+        """Wait for every controller that has exited (``poll`` never blocks)."""
+        with self._children_lock:
+            for pid, child in list(self._children.items()):
+                if child.poll() is not None:
+                    del self._children[pid]
 
     def signal_halt(self, handle: Handle) -> None:
         pid = int(handle["pid"])
-        self._reap(pid)
+        self._reap_finished()
         if _proc_alive(pid, str(handle["spec"])):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
 
     def kill(self, handle: Handle) -> None:
         pid = int(handle["pid"])
-        self._reap(pid)
+        self._reap_finished()
         if _proc_alive(pid, str(handle["spec"])):
             # The controller leads its own session and process group: kill the whole group.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-        child = self._children.pop(pid, None)
+        with self._children_lock:
+            child = self._children.pop(pid, None)
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=5)
@@ -187,7 +197,7 @@ class LocalBackend:
 
     def poll(self, handle: Handle) -> PollResult:
         pid = int(handle["pid"])
-        self._reap(pid)
+        self._reap_finished()
         if _proc_alive(pid, str(handle["spec"])):
             return PollResult(LearnerState.RUNNING)
         result_file = Path(str(handle["state_dir"])) / "result.json"

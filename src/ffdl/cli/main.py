@@ -140,9 +140,16 @@ def train(
         bool, typer.Option("--follow", "-f", help="Stream logs and status until the job ends.")
     ] = False,
 ) -> None:
-    """Submit a training job."""
+    """Submit a training job (retried with the same idempotency key if the server is away,
+    so a retry never makes a second job)."""
+
+    def retrying(error: ApiError, delay: float) -> None:
+        err_console.print(
+            Text(f"{error.message}; retrying in {delay:g} s", style="yellow"), soft_wrap=True
+        )
+
     with client_of(ctx) as client:
-        created = client.submit(manifest, code)
+        created = client.submit(manifest, code, on_retry=retrying)
         model_id = str(created.get("model_id"))
         for warning in created.get("warnings") or []:
             err_console.print(Text(f"Warning: {warning}", style="yellow"), soft_wrap=True)

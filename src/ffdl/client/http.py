@@ -8,8 +8,9 @@ its URL, so callers never have to handle ``httpx`` exceptions.
 from __future__ import annotations
 
 import json
+import secrets
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +24,15 @@ from ffdl.core.errors import BadRequest, FfdlError
 
 UNREACHABLE = "UNREACHABLE"
 BAD_RESPONSE = "BAD_RESPONSE"
+# A submit is retried this many times (after the first try) when the server cannot be
+# reached or its answer is lost, waiting 0.5, 1, 2, 4, 8 s: long enough for a restart.
+SUBMIT_RETRIES = 5
+SUBMIT_RETRY_DELAY_S = 0.5
+SUBMIT_RETRY_DELAY_MAX_S = 8.0
+# Answers of a proxy whose server is away: the key makes retrying them safe too.
+RETRY_HTTP_STATUSES = frozenset({502, 503, 504})
+
+RetryNotice = Callable[["ApiError", float], None]
 
 
 class ApiError(FfdlError):
@@ -82,6 +92,11 @@ def iter_sse(lines: Iterable[str]) -> Iterator[tuple[str, str] | None]:
             kind = value
         elif field == "data":
             data.append(value)
+
+
+def new_idempotency_key() -> str:
+    """A fresh key for one submit: 128 random bits, URL-safe."""
+    return secrets.token_urlsafe(16)
 
 
 def _event_data(raw: str) -> dict[str, Any]:
@@ -186,8 +201,24 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._json("GET", "/health")
 
-    def submit(self, manifest: Path, code: Path) -> dict[str, Any]:
-        """Submit a training job: ``manifest`` (YAML) and ``code`` (a directory or a .zip)."""
+    def submit(
+        self,
+        manifest: Path,
+        code: Path,
+        *,
+        idempotency_key: str | None = None,
+        retries: int = SUBMIT_RETRIES,
+        retry_delay: float = SUBMIT_RETRY_DELAY_S,
+        on_retry: RetryNotice | None = None,
+    ) -> dict[str, Any]:
+        """Submit a training job: ``manifest`` (YAML) and ``code`` (a directory or a .zip).
+
+        The submit carries an ``Idempotency-Key`` (``idempotency_key``, or a fresh one) and
+        is retried with the same key, up to ``retries`` times with doubling delays, when the
+        server cannot be reached, the answer is lost, or a proxy says the server is away:
+        the server answers a retry of a submit it already stored with that job, so a retry
+        never makes a second one. ``on_retry(error, delay)`` is told of each retry.
+        """
         try:
             manifest_bytes = manifest.read_bytes()
         except OSError as exc:
@@ -199,7 +230,21 @@ class Client:
             "manifest": (manifest.name, manifest_bytes, "application/x-yaml"),
             "model_definition": (f"{code.stem or 'model'}.zip", definition, "application/zip"),
         }
-        return self._json("POST", "/v1/models", files=files)
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        delay = retry_delay
+        for attempt in range(retries + 1):
+            try:
+                return self._json("POST", "/v1/models", files=files, headers=headers)
+            except ApiError as error:
+                if attempt == retries or not (
+                    error.status == 0 or error.status in RETRY_HTTP_STATUSES
+                ):
+                    raise
+                if on_retry is not None:
+                    on_retry(error, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, SUBMIT_RETRY_DELAY_MAX_S)
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def list_models(
         self, status: str | None = None, limit: int = 100, offset: int = 0

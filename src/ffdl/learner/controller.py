@@ -10,7 +10,6 @@ light ffdl modules, because it must start fast.
 from __future__ import annotations
 
 import argparse
-import codecs
 import contextlib
 import json
 import logging
@@ -23,11 +22,11 @@ import time
 from collections import deque
 from pathlib import Path
 from types import FrameType
-from typing import IO
 
 from ffdl.core.status import ErrorCode, LearnerStatus
 from ffdl.learner import metrics, sandbox, staging
 from ffdl.learner.cgroups import LearnerCgroup
+from ffdl.learner.output import OutputReaders, TrainingLog
 from ffdl.learner.reporter import CANCEL, GAVE_UP, GONE, HALT, Reporter
 from ffdl.learner.spec import (
     CONTROLLER_LOG,
@@ -40,15 +39,18 @@ from ffdl.learner.spec import (
     write_result,
 )
 
-LINE_LIMIT_BYTES = 16 * 1024
 LAST_LINES = 5
 REASON_TAIL_CHARS = 500
 POLL_S = 0.05
-# Output may trail in from the command's children after it exits; this long, no longer.
+# Output may trail in from the command's children after it exits; this long, no longer
+# (unless the report queue makes the readers wait: then as long as reports get delivered).
 OUTPUT_DRAIN_S = 2.0
 # Requests later in this order override earlier ones: a cancel beats a halt under way.
 STOP_PRIORITY = {HALT: 1, GAVE_UP: 2, CANCEL: 3, GONE: 4}
-TRAINING_LOG = "training-log.txt"
+# Where the report queue spills to disk, in the state directory: out of the sandbox's sight.
+SPOOL_DIR = "spool"
+# Where the learner's LOG_DIR (its training log) goes in the results: logs/learner-N/.
+RESULT_LOGS_DIR = "logs"
 
 logger = logging.getLogger("ffdl.learner.controller")
 
@@ -112,6 +114,15 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
+def _peak_rss() -> str:
+    """This process's peak resident memory, as /proc says it (``VmHWM``)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
 def _memory_text(size: int) -> str:
     mib = size / (1024 * 1024)
     return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib:g} MiB"
@@ -156,6 +167,7 @@ class Controller:
             attempt=spec.attempt,
             heartbeat_s=spec.heartbeat_s,
             report_deadline_s=spec.report_deadline_s,
+            spool_dir=str(self.state_dir / SPOOL_DIR),
             on_event=self._on_reporter_event,
             diagnostics=logger.warning,
         )
@@ -165,8 +177,11 @@ class Controller:
         self._wake = threading.Event()
         self._child: subprocess.Popen[bytes] | None = None
         self._last_lines: deque[str] = deque(maxlen=LAST_LINES)
-        self._mirror: IO[str] | None = None
-        self._mirror_lock = threading.Lock()
+        self._training_log = TrainingLog(spec.env.get("LOG_DIR"), self._ffdl_log)
+        # Taken for each output line; once closed, lines that still trickle in (from a
+        # process that escaped the kill) are ignored: the final status must come last.
+        self._output_lock = threading.Lock()
+        self._output_closed = False
         self._metric_groups: list[metrics.RegexGroup] = []
         self._cgroup: LearnerCgroup | None = None
 
@@ -239,6 +254,11 @@ class Controller:
         delivered = self.reporter.drain(self.spec.report_deadline_s + 5.0)
         if not delivered:
             logger.warning("reports were not all delivered")
+        logger.info(
+            "reports: %d items went through the disk spool; peak memory %s",
+            self.reporter.spooled_items,
+            _peak_rss(),
+        )
         write_result(self.state_dir, outcome)
         (self.state_dir / PID_FILE).unlink(missing_ok=True)
         return 0 if delivered else 1
@@ -331,19 +351,20 @@ class Controller:
             )
         self._child = child
         logger.info("command started as pid %d", child.pid)
-        self._open_mirror()
-        readers = [
-            threading.Thread(target=self._read_output, args=(pipe, name), daemon=True)
-            for pipe, name in ((child.stdout, "stdout"), (child.stderr, "stderr"))
-        ]
-        for reader in readers:
-            reader.start()
+        self._training_log.open()
+        assert child.stdout is not None and child.stderr is not None
+        readers = OutputReaders(
+            [(child.stdout, "stdout"), (child.stderr, "stderr")],
+            self._on_output_line,
+            self.reporter.wait_for_room,
+        )
+        readers.start()
         exit_code, acted_on, request = self._supervise(child)
         logger.info("command exited with %d", exit_code)
         self._collect_output(readers)
         if tailer is not None:
             tailer.stop()
-        self._close_mirror()
+        self._training_log.close()
         return self._process_outcome(exit_code, acted_on, request)
 
     def _command_argv(self) -> list[str]:
@@ -460,70 +481,42 @@ class Controller:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
 
-    def _collect_output(self, readers: list[threading.Thread]) -> None:
-        deadline = time.monotonic() + OUTPUT_DRAIN_S
-        for reader in readers:
-            reader.join(max(0.0, deadline - time.monotonic()))
+    def _collect_output(self, readers: OutputReaders) -> None:
+        readers.join(OUTPUT_DRAIN_S)
         # Whatever the command left behind dies with it, as in a container.
         self._signal_command(signal.SIGKILL)
-        for reader in readers:
-            reader.join(OUTPUT_DRAIN_S)
-
-    def _read_output(self, pipe: IO[bytes], stream: str) -> None:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        with pipe:
-            while chunk := pipe.readline(LINE_LIMIT_BYTES):
-                line_ended = chunk.endswith(b"\n")
-                text = decoder.decode(chunk, final=line_ended)
-                if line_ended:
-                    text = text[:-1].removesuffix("\r")
-                self._on_output_line(stream, text)
-            if rest := decoder.decode(b"", final=True):
-                self._on_output_line(stream, rest)
+        killed_at = time.monotonic()
+        # Every line read goes out before the final status. Readers waiting for room in the
+        # report queue are waited for as long as that takes (the reporter delivers or gives
+        # up); readers waiting for output are not, once none came for a while since the kill
+        # (a process that escaped it may hold the pipe open).
+        while readers.alive():
+            readers.join(POLL_S)
+            quiet_s = min(readers.idle_s(), time.monotonic() - killed_at)
+            if self.reporter.waiting_producers == 0 and quiet_s >= OUTPUT_DRAIN_S:
+                logger.warning("output pipes still open; no longer read")
+                break
+        with self._output_lock:
+            self._output_closed = True
 
     def _on_output_line(self, stream: str, text: str) -> None:
-        self.reporter.log(stream, text)
-        self._mirror_line(text)
-        if text.strip():
-            self._last_lines.append(text.strip())
-        for metric in metrics.match_line(self._metric_groups, text, on_problem=self._on_problem):
-            self.reporter.emetric(metric.group, metric.iteration, metric.values)
+        with self._output_lock:
+            if self._output_closed:
+                return
+            self.reporter.log(stream, text)
+            self._training_log.write(text)
+            if text.strip():
+                self._last_lines.append(text.strip())
+            for metric in metrics.match_line(
+                self._metric_groups, text, on_problem=self._on_problem
+            ):
+                self.reporter.emetric(metric.group, metric.iteration, metric.values)
 
     def _on_problem(self, problem: str) -> None:
         self._ffdl_log(f"[ffdl] {problem}")
 
     def _on_file_metric(self, metric: metrics.EMetric) -> None:
         self.reporter.emetric(metric.group, metric.iteration, metric.values, at=metric.time)
-
-    def _open_mirror(self) -> None:
-        log_dir = self.spec.env.get("LOG_DIR")
-        if not log_dir:
-            return
-        try:
-            os.makedirs(log_dir, exist_ok=True)
-            path = os.path.join(log_dir, TRAINING_LOG)
-            # The directory is the job's own: never write through a link it planted there.
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(path, flags, 0o644)
-            self._mirror = open(fd, "a", encoding="utf-8", errors="replace", buffering=1)  # noqa: SIM115
-        except OSError as exc:
-            self._ffdl_log(f"[ffdl] cannot write {log_dir}/{TRAINING_LOG}: {exc}")
-
-    def _mirror_line(self, text: str) -> None:
-        with self._mirror_lock:
-            if self._mirror is None:
-                return
-            try:
-                self._mirror.write(text + "\n")
-            except OSError as exc:
-                self._mirror = None
-                self._ffdl_log(f"[ffdl] stopped writing {TRAINING_LOG}: {exc}")
-
-    def _close_mirror(self) -> None:
-        with self._mirror_lock:
-            if self._mirror is not None:
-                self._mirror.close()
-                self._mirror = None
 
     # -- STORING --------------------------------------------------------------------------
 
@@ -554,9 +547,30 @@ class Controller:
                 error_code=ErrorCode.STORE_RESULTS_FAILED.value,
                 reason=f"storing results failed: {exc}",
             )
+        self._store_logs(target)
         if self._wants_abort():
             return _stop_outcome(self._requested_stop() or CANCEL, self._stop_detail)
         return None
+
+    def _store_logs(self, target: str) -> None:
+        """Put the learner's LOG_DIR, with its whole training log, beside the results; the
+        results stand without it, so a failure is only told."""
+        log_dir = self.spec.env.get("LOG_DIR")
+        if not log_dir or not os.path.isdir(log_dir):
+            return
+        destination = os.path.join(target, RESULT_LOGS_DIR, f"learner-{self.spec.learner}")
+        with contextlib.suppress(staging.StagingStopped):
+            try:
+                # Links are never followed: the directory is the job's to fill.
+                staging.copy_tree(
+                    log_dir,
+                    destination,
+                    label="storing logs",
+                    progress=self._ffdl_log,
+                    should_stop=self._wants_abort,
+                )
+            except (staging.StagingError, OSError) as exc:
+                self._ffdl_log(f"[ffdl] storing logs failed: {exc}")
 
 
 def fail_without_spec(spec_path: str, error: Exception) -> int:

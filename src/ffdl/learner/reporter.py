@@ -1,27 +1,37 @@
 """The ordered report stream from one learner attempt to the API.
 
-This module owns the report protocol's sending side: every status, log line and metric
-gets the next ``seq`` when it is queued, and one sender thread posts them in order, in
-batches, retrying through API outages (the server drops seqs it already has, so resending
-is safe) and passing the API's halt, cancel and "job gone" answers back to the controller.
+This module owns the report protocol's sending side: every status, log line and metric is
+queued in order, and one sender thread posts them in order, in batches, retrying through API
+outages (the server drops seqs it already has, so resending is safe) and passing the API's
+halt, cancel and "job gone" answers back to the controller.
+
+Nothing queued is dropped while the API is slow or away. The queue (``spool.Spool``) keeps
+its head in memory and spills the rest to disk in the controller's state directory, and the
+learner's output waits (``wait_for_room``, so the command blocks on its pipe) only when even
+the disk cannot take more. Memory stays bounded: at most 4 MiB of queued items at the head
+(``spool.MEMORY_BYTES``), at most as much again waiting to be written to disk, and one batch
+of at most ``BATCH_MAX_BYTES`` (1 MiB) of items on its way. Items are lost only when the
+stream ends for good: the job is gone (401/403/404/410) or the API stayed unreachable for
+``report_deadline_s``.
 
 The server accepts only a gapless stream: a batch's seqs are consecutive and the first new
-one follows the last it stored. So whatever never reached the server is renumbered before
-it is sent: items dropped while the API was away, a batch the API refused, and, when the
-API says it expects another seq (409 with ``expected_seq``) or already holds later ones
-(a controller restarted within one attempt), everything still queued.
+one follows the last it stored. So items are numbered when they are sent: the oldest
+unacknowledged item has ``_next_seq`` and the others follow it. Whatever never reached the
+server is renumbered that way: the items after a batch the API refused take its seqs, and,
+when the API says it expects another seq (409 with ``expected_seq``) or already holds later
+ones (a controller restarted within one attempt), everything still queued starts there.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+from ffdl.learner.spool import MEMORY_BYTES, Spool
 
 if TYPE_CHECKING:
     import http.client
@@ -38,9 +48,11 @@ GAVE_UP = "gave_up"
 
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 2.0
-# After an overflow, logs are dropped down to this share of the limit, so that a long outage
-# does not rescan the whole queue for every new line.
-DROP_TO_FRACTION = 0.9
+# Fewer, larger batches keep up with a chatty job: each batch is one commit on the server.
+BATCH_MAX_ITEMS = 2000
+BATCH_MAX_BYTES = 1024 * 1024
+# How often a producer waiting for room retries the disk (which may have room again).
+ROOM_RECHECK_S = 1.0
 
 EventHandler = Callable[[str, str], None]
 
@@ -63,7 +75,8 @@ class Reporter:
     ``on_event(kind, detail)`` is called from the sender thread, at most once per kind:
     ``HALT`` and ``CANCEL`` when the API asks for them, ``GONE`` on 401/403/404/410 (the
     queue is then discarded), ``GAVE_UP`` when the API stayed unreachable for
-    ``report_deadline_s`` since the first failure.
+    ``report_deadline_s`` since the first failure. ``spool_dir`` is where the queue spills
+    to disk (a private temporary directory when None).
     """
 
     def __init__(
@@ -76,8 +89,10 @@ class Reporter:
         attempt: int,
         heartbeat_s: float = 2.0,
         report_deadline_s: float = 600.0,
-        max_pending: int = 200_000,
-        batch_max: int = 500,
+        spool_dir: str | None = None,
+        memory_bytes: int = MEMORY_BYTES,
+        spool: Spool | None = None,
+        batch_max: int = BATCH_MAX_ITEMS,
         batch_wait_s: float = 0.2,
         on_event: EventHandler = _ignore_event,
         diagnostics: Callable[[str], None] = _ignore_message,
@@ -99,27 +114,32 @@ class Reporter:
         self._heartbeat_s = heartbeat_s
         self._deadline_s = report_deadline_s
         self._request_timeout_s = min(10.0, max(1.0, report_deadline_s))
-        self._max_pending = max_pending
         self._batch_max = batch_max
         self._batch_wait_s = batch_wait_s
         self._on_event = on_event
         self._diagnostics = diagnostics
 
-        self._cond = threading.Condition()
-        self._pending: deque[dict[str, Any]] = deque()
-        self._seq = 0
-        # The first ``_held`` pending items were sent and not yet acknowledged; overflow
-        # dropping leaves them alone so that a retry resends exactly the same batch.
+        self._lock = threading.Lock()
+        # The sender waits on ``_wakeup``; producers short of room and ``drain`` on
+        # ``_progress``. Producers wake the sender only when that changes what it does.
+        self._wakeup = threading.Condition(self._lock)
+        self._progress = threading.Condition(self._lock)
+        self._spool = spool if spool is not None else Spool(spool_dir, memory_bytes=memory_bytes)
+        self._spool_problem_told = False
+        self._next_seq = 1
+        # The oldest ``_held`` items were sent and not yet acknowledged: a retry resends
+        # exactly them, with the same seqs.
         self._held = 0
         self._first_pending_at = 0.0
         self._last_attempt_at = time.monotonic()
+        self._last_progress_at = time.monotonic()
         self._first_failure_at: float | None = None
-        self._dropped_counts: dict[int, int] = {}
         self._announced: set[str] = set()
         self._closing = False
         self._gone = False
         self._gave_up = False
         self._rejected_items = 0
+        self._waiting_producers = 0
         self._connection: http.client.HTTPConnection | None = None
         self._thread = threading.Thread(target=self._run, name="report-sender", daemon=True)
 
@@ -142,7 +162,11 @@ class Reporter:
         )
 
     def log(self, stream: str, text: str) -> int:
-        return self._add("log", {"stream": stream, "text": text})
+        # Built by hand: the hottest path, one call per line the learner prints.
+        return self._add_text(
+            f'{{"type":"log","time":{time.time()!r},"stream":{json.dumps(stream)},'
+            f'"text":{json.dumps(text)}}}'
+        )
 
     def emetric(
         self,
@@ -157,87 +181,85 @@ class Reporter:
         )
 
     def _add(self, kind: str, fields: dict[str, Any], at: float | None = None) -> int:
-        with self._cond:
+        item = {"type": kind, "time": time.time() if at is None else at}
+        item.update(fields)
+        # ensure_ascii (the default) keeps an item on one line of the spool whatever it holds.
+        return self._add_text(json.dumps(item, separators=(",", ":")))
+
+    def _add_text(self, text: str) -> int:
+        """Queue one item (a JSON object without its seq); its seq as things stand now."""
+        with self._lock:
             if self._gone or self._gave_up:
                 return 0
-            self._seq += 1
-            item = {"type": kind, "seq": self._seq, "time": time.time() if at is None else at}
-            item.update(fields)
-            if not self._pending:
+            queued = len(self._spool)
+            if not queued:
                 self._first_pending_at = time.monotonic()
-            self._pending.append(item)
-            if len(self._pending) > self._max_pending:
-                self._drop_oldest_logs()
-            self._cond.notify_all()
-            return self._seq
+            self._spool.put(text)
+            if queued == 0 or queued + 1 == self._batch_max or self._closing:
+                self._wakeup.notify()
+            self._tell_spool_problem_locked()
+            return self._next_seq + queued
 
-    def _drop_oldest_logs(self) -> None:
-        first_seq = self._pending[0]["seq"]
-        excess = len(self._pending) - int(self._max_pending * DROP_TO_FRACTION)
-        kept: deque[dict[str, Any]] = deque()
-        dropped = 0
-        last_dropped: dict[str, Any] | None = None
-        notice_position = 0
-        for position, item in enumerate(self._pending):
-            if excess > 0 and position >= self._held and item["type"] == "log":
-                excess -= 1
-                dropped += self._dropped_counts.pop(item["seq"], 1)
-                last_dropped, notice_position = item, len(kept)
-                continue
-            kept.append(item)
-        if last_dropped is not None:
-            # The notice takes the newest dropped line's seq and place, so the stream keeps
-            # strictly increasing seqs and the notice sits where the gap is.
-            notice = {
-                "type": "log",
-                "seq": last_dropped["seq"],
-                "time": last_dropped["time"],
-                "stream": "ffdl",
-                "text": f"[ffdl] {dropped} log lines dropped while the API was unreachable",
-            }
-            self._dropped_counts[notice["seq"]] = dropped
-            kept.insert(notice_position, notice)
-        self._pending = kept
-        # Held items were sent as they are; what follows them closes the gaps.
-        self._renumber_locked(self._held, first_seq + self._held)
+    def wait_for_room(self) -> None:
+        """Block while the queue can take no more without growing memory (the disk is at
+        its limit or failing); returns at once when it can, or when the stream has ended."""
+        with self._lock:
+            if not self._spool.full:
+                return
+            self._waiting_producers += 1
+            try:
+                while self._spool.full and not (self._gone or self._gave_up):
+                    self._progress.wait(ROOM_RECHECK_S)
+                    self._spool.flush()
+                    self._tell_spool_problem_locked()
+            finally:
+                self._waiting_producers -= 1
 
-    def _renumber_locked(self, start: int, first_seq: int) -> None:
-        """Give the pending items from position ``start`` on consecutive seqs from
-        ``first_seq``; only items the server has not stored may be renumbered."""
-        moved: dict[int, int] = {}
-        seq = first_seq
-        for item in itertools.islice(self._pending, start, None):
-            if item["seq"] in self._dropped_counts:
-                moved[seq] = self._dropped_counts.pop(item["seq"])
-            item["seq"] = seq
-            seq += 1
-        self._dropped_counts.update(moved)
-        self._seq = self._pending[-1]["seq"] if self._pending else first_seq - 1
+    @property
+    def waiting_producers(self) -> int:
+        """How many producers wait in ``wait_for_room`` now."""
+        with self._lock:
+            return self._waiting_producers
+
+    def _tell_spool_problem_locked(self) -> None:
+        if self._spool.problem is not None and not self._spool_problem_told:
+            self._spool_problem_told = True
+            self._diagnostics(f"{self._spool.problem}; holding items in memory meanwhile")
 
     # -- draining -------------------------------------------------------------------------
 
     def drain(self, timeout_s: float) -> bool:
         """Send what is queued and wait for it to be acknowledged; True if everything ever
-        queued was. The sender stops once the queue is empty: nothing queued later goes out.
-        """
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
+        queued was. Waits while the API keeps acknowledging, however long the queue, and
+        gives up after ``timeout_s`` without progress. The sender stops once the queue is
+        empty: nothing queued later goes out."""
+        with self._lock:
             self._closing = True
-            self._cond.notify_all()
-            while self._pending and not (self._gone or self._gave_up):
-                remaining = deadline - time.monotonic()
+            self._last_progress_at = time.monotonic()
+            self._wakeup.notify()
+            while len(self._spool) and not (self._gone or self._gave_up):
+                remaining = self._last_progress_at + timeout_s - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cond.wait(remaining)
-            return self._delivered_locked()
+                self._progress.wait(remaining)
+            delivered = self._delivered_locked()
+            if delivered:
+                self._spool.close()
+            return delivered
 
     def _delivered_locked(self) -> bool:
-        return not (self._pending or self._gone or self._gave_up or self._rejected_items)
+        return not (len(self._spool) or self._gone or self._gave_up or self._rejected_items)
 
     @property
     def pending_count(self) -> int:
-        with self._cond:
-            return len(self._pending)
+        with self._lock:
+            return len(self._spool)
+
+    @property
+    def spooled_items(self) -> int:
+        """How many items went through the disk so far."""
+        with self._lock:
+            return self._spool.spilled_items
 
     # -- sending --------------------------------------------------------------------------
 
@@ -255,103 +277,101 @@ class Reporter:
                 backoff = BACKOFF_FIRST_S
         self._close_connection()
 
-    def _next_batch(self) -> list[dict[str, Any]] | None:
+    def _next_batch(self) -> _Batch | None:
         """Block until a batch (possibly an empty heartbeat) is due; None when finished."""
-        with self._cond:
+        with self._lock:
             while True:
                 if self._gone or self._gave_up:
                     return None
                 now = time.monotonic()
+                queued = len(self._spool)
                 if self._held:
-                    return list(itertools.islice(self._pending, self._held))
-                if self._pending:
+                    return _Batch(self._next_seq, self._spool.peek(self._held, BATCH_MAX_BYTES))
+                if queued:
                     wait = self._first_pending_at + self._batch_wait_s - now
-                    if len(self._pending) >= self._batch_max or self._closing or wait <= 0:
-                        self._held = min(len(self._pending), self._batch_max)
-                        return list(itertools.islice(self._pending, self._held))
+                    if queued >= self._batch_max or self._closing or wait <= 0:
+                        texts = self._spool.peek(self._batch_max, BATCH_MAX_BYTES)
+                        self._tell_spool_problem_locked()
+                        if texts:
+                            self._held = len(texts)
+                            return _Batch(self._next_seq, texts)
+                        # The spool cannot read its disk just now; try again shortly.
+                        wait = ROOM_RECHECK_S
                 elif self._closing:
                     return None
                 else:
                     wait = self._last_attempt_at + self._heartbeat_s - now
                     if wait <= 0:
-                        return []
-                self._cond.wait(wait)
+                        return _Batch(self._next_seq, [])
+                self._wakeup.wait(wait)
 
-    def _deliver(self, batch: list[dict[str, Any]]) -> None:
-        body = json.dumps({"attempt": self._attempt, "items": batch}).encode()
-        with self._cond:
+    def _deliver(self, batch: _Batch) -> None:
+        with self._lock:
             self._last_attempt_at = time.monotonic()
-        status, payload = self._post(body)
+        status, payload = self._post(batch.body(self._attempt))
+        count = len(batch.texts)
         if 200 <= status < 300:
             self._acknowledge(batch, payload)
         elif status in GONE_HTTP_STATUSES:
             self._diagnostics(f"API answered {status}: the job is gone; discarding reports")
-            with self._cond:
+            with self._lock:
                 self._gone = True
-                self._pending.clear()
+                self._spool.clear()
                 self._held = 0
-                self._cond.notify_all()
+                self._progress.notify_all()
             self._announce(GONE, f"HTTP {status}")
         elif status >= 500 or status in RETRY_HTTP_STATUSES:
             raise _TransientFailure(f"API answered {status}")
-        elif status == 413 and len(batch) > 1:
-            with self._cond:
-                self._held = len(batch) // 2
-            self._diagnostics(f"API refused a batch of {len(batch)} as too large; halving it")
+        elif status == 413 and count > 1:
+            with self._lock:
+                self._held = count // 2
+            self._diagnostics(f"API refused a batch of {count} as too large; halving it")
         elif status == 409 and self._resync(batch, _expected_seq(payload)):
-            self._diagnostics(f"API expects another seq; renumbered from {batch[0]['seq']}")
+            self._diagnostics(f"API expects another seq; renumbered from {batch.first_seq}")
         else:
             # Resending a batch the API refuses would stall the stream forever. It stored
             # none of it, so the items after it take its seqs: the stream stays gapless.
-            self._diagnostics(f"API refused {len(batch)} items with {status}: {payload[:300]!r}")
-            with self._cond:
-                self._rejected_items += len(batch)
-                for _ in range(len(batch)):
-                    self._pending.popleft()
+            self._diagnostics(f"API refused {count} items with {status}: {payload[:300]!r}")
+            with self._lock:
+                self._rejected_items += count
+                self._spool.pop(count)
                 self._held = 0
-                if batch:
-                    self._renumber_locked(0, batch[0]["seq"])
-                self._cond.notify_all()
+                self._progress.notify_all()
 
-    def _resync(self, batch: list[dict[str, Any]], expected: int | None) -> bool:
+    def _resync(self, batch: _Batch, expected: int | None) -> bool:
         """Renumber everything queued from ``expected`` (the API stored none of ``batch``);
         False when that would change nothing, so the batch is refused rather than resent."""
-        if expected is None or not batch or expected == batch[0]["seq"]:
+        if expected is None or not batch.texts or expected == batch.first_seq:
             return False
-        with self._cond:
+        with self._lock:
             self._held = 0
-            self._renumber_locked(0, expected)
-            self._cond.notify_all()
+            self._next_seq = expected
         return True
 
-    def _acknowledge(self, batch: list[dict[str, Any]], payload: bytes) -> None:
+    def _acknowledge(self, batch: _Batch, payload: bytes) -> None:
         answer = _json_object(payload)
         last_seq = answer.get("last_seq")
         server_seq = last_seq if isinstance(last_seq, int) and last_seq >= 0 else None
-        with self._cond:
+        with self._lock:
             self._first_failure_at = None
-            skipped_as_old = answer.get("accepted") == 0
+            self._last_progress_at = time.monotonic()
             if (
-                batch
+                batch.texts
                 and server_seq is not None
-                and server_seq > batch[-1]["seq"]
-                and skipped_as_old
+                and server_seq > batch.last_seq
+                and answer.get("accepted") == 0
             ):
                 # The API holds later seqs than ours (another controller of this attempt
                 # reported before us), so it took our items for old ones: none was stored.
                 self._held = 0
-                self._renumber_locked(0, server_seq + 1)
-                self._cond.notify_all()
+                self._next_seq = server_seq + 1
                 return
-            for _ in range(len(batch)):
-                item = self._pending.popleft()
-                self._dropped_counts.pop(item["seq"], None)
+            self._spool.pop(len(batch.texts))
+            self._next_seq += len(batch.texts)
             self._held = 0
-            if server_seq is not None and self._pending and self._pending[0]["seq"] <= server_seq:
-                self._renumber_locked(0, server_seq + 1)
-            elif server_seq is not None and not self._pending and self._seq < server_seq:
-                self._seq = server_seq
-            self._cond.notify_all()
+            if server_seq is not None and self._next_seq <= server_seq:
+                self._next_seq = server_seq + 1
+            self._progress.notify_all()
         if answer.get("cancel") is True:
             self._announce(CANCEL, "cancelled through the API")
         if answer.get("halt") is True:
@@ -360,14 +380,16 @@ class Reporter:
     def _note_failure(self, reason: str) -> bool:
         """Record a failed attempt; True when the deadline has passed and sending stops."""
         now = time.monotonic()
-        with self._cond:
+        with self._lock:
             if self._first_failure_at is None:
                 self._first_failure_at = now
                 self._diagnostics(f"report delivery failing: {reason}; retrying")
             if now - self._first_failure_at < self._deadline_s:
                 return False
             self._gave_up = True
-            self._cond.notify_all()
+            self._spool.clear()
+            self._held = 0
+            self._progress.notify_all()
         detail = f"API unreachable for {self._deadline_s:g} s ({reason})"
         self._diagnostics(f"giving up on reports: {detail}")
         self._announce(GAVE_UP, detail)
@@ -416,6 +438,27 @@ class Reporter:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+class _Batch:
+    """Queued items as sent: consecutive seqs from ``first_seq``."""
+
+    __slots__ = ("first_seq", "texts")
+
+    def __init__(self, first_seq: int, texts: list[str]) -> None:
+        self.first_seq = first_seq
+        self.texts = texts
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.texts) - 1
+
+    def body(self, attempt: int) -> bytes:
+        # Each text is a JSON object; its seq goes in front of its first field.
+        items = ",".join(
+            f'{{"seq":{seq},{text[1:]}' for seq, text in enumerate(self.texts, self.first_seq)
+        )
+        return f'{{"attempt":{attempt},"items":[{items}]}}'.encode()
 
 
 def _json_object(payload: bytes) -> dict[str, Any]:

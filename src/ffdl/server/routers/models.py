@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Query, Response, UploadFile
+from fastapi import APIRouter, File, Header, Query, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,7 +45,11 @@ def _read_limited(upload: UploadFile, limit: int, field: str) -> bytes:
             "description": "Queued; `Location` names the new model",
             "headers": {"Location": header("the new model's URL")},
         },
-        **errors(400, 413),
+        200: {
+            "description": "A retry: the model this Idempotency-Key already made",
+            "headers": {"Location": header("the model's URL")},
+        },
+        **errors(400, 409, 413),
     },
 )
 def create_model(
@@ -53,19 +57,31 @@ def create_model(
     principal: PrincipalDep,
     manifest: Annotated[UploadFile, File(description="FfDL manifest (YAML)")],
     model_definition: Annotated[UploadFile, File(description="zip of the training code")],
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            description=(
+                "Up to 200 printable ASCII characters, fresh for each new job. A submit "
+                "with a key this user has already sent creates nothing: with the same "
+                "manifest and model_definition it answers 200 with the job that key made "
+                "(same model_id and Location); with others, 409."
+            )
+        ),
+    ] = None,
 ) -> JSONResponse:
     settings = platform.settings
     manifest_bytes = _read_limited(manifest, settings.max_manifest_bytes, "manifest")
     archive = _read_limited(model_definition, settings.max_archive_bytes, "model_definition")
-    submitted = submit_job(platform, principal, manifest_bytes, archive)
+    submitted = submit_job(platform, principal, manifest_bytes, archive, idempotency_key)
     location = f"/v1/models/{submitted.job_id}"
+    # 201 only for the request that created the job; its retries get 200 and the same body.
     return JSONResponse(
-        status_code=201,
+        status_code=200 if submitted.replayed else 201,
         headers={"Location": location},
         content={
             "model_id": submitted.job_id,
             "location": location,
-            "status": "QUEUED",
+            "status": submitted.status,
             "warnings": submitted.warnings,
         },
     )

@@ -3,19 +3,37 @@
 Nothing is written for a rejected job: the manifest, the resource request, the data stores'
 host paths and the archive are all checked before the archive touches the disk or a row is
 added. Data-store credentials are sealed before the manifest is stored.
+
+Idempotency: a submit may carry a key (the ``Idempotency-Key`` header, 1 to 200 printable
+ASCII characters). It is stored with the job, unique per user, together with a digest of the
+manifest and archive. A later submit by the same user with the same key creates nothing: with
+the same manifest and archive it gets the job the key already made (``replayed``), so a
+client that lost the answer (the server crashed after committing) retries safely; with
+another manifest or archive it is refused with 409. The check comes before validation, so a
+replay is answered even if the cluster or the quotas have changed since. A key is free again
+once its job has been deleted.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
+import re
 import secrets
 import shutil
 from dataclasses import dataclass
 
-from sqlalchemy import insert
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
 
-from ffdl.core.errors import ManifestError, PayloadTooLarge, UnschedulableError
+from ffdl.core.errors import (
+    BadRequest,
+    ConflictError,
+    ManifestError,
+    PayloadTooLarge,
+    UnschedulableError,
+)
 from ffdl.core.manifest import Manifest, parse_manifest
 from ffdl.core.status import JobStatus
 from ffdl.scheduler.policy import never_fits
@@ -30,6 +48,8 @@ from ffdl.server.store.transitions import utcnow
 
 # Data store types the learners' controllers can stage today.
 STAGEABLE_STORES = ("local", "mount_volume")
+MAX_IDEMPOTENCY_KEY = 200
+_KEY_PATTERN = re.compile(r"[\x20-\x7e]+")
 
 
 def new_job_id() -> str:
@@ -41,12 +61,52 @@ def new_job_id() -> str:
 class Submitted:
     job_id: str
     warnings: list[str]
+    # The job's status now: QUEUED when just created, anything for a replay.
+    status: str = JobStatus.QUEUED.value
+    # True when an earlier submit with the same idempotency key made the job.
+    replayed: bool = False
+
+
+def check_idempotency_key(key: str | None) -> str | None:
+    """The key as given, or None when there is none; BadRequest for an unusable one."""
+    if key is None:
+        return None
+    if len(key) > MAX_IDEMPOTENCY_KEY:
+        raise BadRequest(
+            f"Idempotency-Key is {len(key)} characters long; the limit is {MAX_IDEMPOTENCY_KEY}",
+            detail={"field": "Idempotency-Key"},
+        )
+    if not _KEY_PATTERN.fullmatch(key) or not key.strip():
+        raise BadRequest(
+            "Idempotency-Key must be printable ASCII and not blank",
+            detail={"field": "Idempotency-Key"},
+        )
+    return key
+
+
+def request_digest(manifest_bytes: bytes, archive: bytes) -> str:
+    digest = hashlib.sha256()
+    for part in (manifest_bytes, archive):
+        # Length-prefixed, so that bytes moved from one part to the other change the digest.
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()
 
 
 def submit_job(
-    platform: Platform, principal: Principal, manifest_bytes: bytes, archive: bytes
+    platform: Platform,
+    principal: Principal,
+    manifest_bytes: bytes,
+    archive: bytes,
+    idempotency_key: str | None = None,
 ) -> Submitted:
     settings = platform.settings
+    key = check_idempotency_key(idempotency_key)
+    digest = request_digest(manifest_bytes, archive) if key is not None else None
+    if key is not None and digest is not None:
+        earlier = _earlier_submit(platform, principal, key, digest, manifest_bytes)
+        if earlier is not None:
+            return earlier
     if len(manifest_bytes) > settings.max_manifest_bytes:
         raise PayloadTooLarge(
             f"manifest is {len(manifest_bytes)} bytes; the limit is {settings.max_manifest_bytes}"
@@ -82,13 +142,53 @@ def submit_job(
         tmp = dirs.archive.with_suffix(".tmp")
         tmp.write_bytes(archive)
         os.replace(tmp, dirs.archive)
-        _insert_job(platform, principal, job_id, manifest)
+        _insert_job(platform, principal, job_id, manifest, key, digest)
+    except IntegrityError:
+        shutil.rmtree(dirs.root, ignore_errors=True)
+        if key is None or digest is None:
+            raise
+        # A concurrent submit with the same key committed first: answer as its retry.
+        earlier = _earlier_submit(platform, principal, key, digest, manifest_bytes)
+        if earlier is None:
+            raise
+        return earlier
     except BaseException:
         shutil.rmtree(dirs.root, ignore_errors=True)
         raise
     platform.wakeups.notify("scheduler", "autoscaler")
-    warnings = [f"unknown manifest field ignored: {name}" for name in manifest.unknown_fields]
-    return Submitted(job_id=job_id, warnings=warnings)
+    return Submitted(job_id=job_id, warnings=_warnings(manifest))
+
+
+def _warnings(manifest: Manifest) -> list[str]:
+    return [f"unknown manifest field ignored: {name}" for name in manifest.unknown_fields]
+
+
+def _earlier_submit(
+    platform: Platform, principal: Principal, key: str, digest: str, manifest_bytes: bytes
+) -> Submitted | None:
+    """The job an earlier submit with ``key`` made, or None; ConflictError when that submit
+    sent another manifest or archive."""
+    with platform.store.read() as session:
+        row = session.execute(
+            select(Job.id, Job.status, Job.idempotency_digest).where(
+                Job.user_id == principal.user_id, Job.idempotency_key == key
+            )
+        ).first()
+    if row is None:
+        return None
+    job_id, status, stored_digest = row
+    if stored_digest != digest:
+        raise ConflictError(
+            f"Idempotency-Key {key!r} was used for {job_id} with another manifest or "
+            "model_definition; send a new key for a new job",
+            detail={"field": "Idempotency-Key", "model_id": job_id},
+        )
+    try:
+        # The same bytes parsed the first time, so they warn alike now.
+        warnings = _warnings(parse_manifest(manifest_bytes))
+    except BadRequest:
+        warnings = []
+    return Submitted(job_id=job_id, warnings=warnings, status=status, replayed=True)
 
 
 def _initial_batch(manifest: Manifest) -> int | None:
@@ -97,12 +197,21 @@ def _initial_batch(manifest: Manifest) -> int | None:
     return manifest.elastic.batch_size.min
 
 
-def _insert_job(platform: Platform, principal: Principal, job_id: str, manifest: Manifest) -> None:
+def _insert_job(
+    platform: Platform,
+    principal: Principal,
+    job_id: str,
+    manifest: Manifest,
+    key: str | None,
+    digest: str | None,
+) -> None:
     now = utcnow()
     job = {
         "id": job_id,
         "tenant_id": principal.tenant_id,
         "user_id": principal.user_id,
+        "idempotency_key": key,
+        "idempotency_digest": digest,
         "name": manifest.name,
         "description": manifest.description,
         "manifest": platform.credentials.seal_manifest(manifest.to_dict()),

@@ -78,6 +78,10 @@ class Job(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    # The submit's Idempotency-Key (unique per user, see ``ux_jobs_user_idempotency``) and a
+    # digest of the manifest and archive it came with, so a retry is told from a misuse.
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    idempotency_digest: Mapped[str | None] = mapped_column(String(64), default=None)
     name: Mapped[str] = mapped_column(String(200))
     description: Mapped[str] = mapped_column(Text, default="")
     manifest: Mapped[dict[str, Any]]
@@ -118,6 +122,11 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     status_changed_at: Mapped[datetime]
     __table_args__ = (Index("ix_jobs_tenant_submitted", "tenant_id", "submitted_at"),)
+
+
+# Outside the class so that older databases get it from ``add_missing_columns`` like any
+# index; keys are NULL for most jobs, and NULLs never collide.
+Index("ux_jobs_user_idempotency", Job.user_id, Job.idempotency_key, unique=True)
 
 
 class Learner(Base):

@@ -1,0 +1,142 @@
+"""The learner command's output: its pipes read line by line, and the training log.
+
+``OutputReaders`` reads stdout and stderr on a thread each and hands every line, decoded, to
+the controller; before taking a line it asks for room in the report queue, so when the
+queue can take no more (see ``reporter``) the reader stops reading and the command blocks
+on its pipe: back-pressure instead of memory. ``TrainingLog`` mirrors the lines to
+``$LOG_DIR/training-log.txt``, which is stored with the results. Standard library only.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import IO
+
+LINE_LIMIT_BYTES = 16 * 1024
+TRAINING_LOG = "training-log.txt"
+# The training log is written in blocks of this size, and at least this often.
+MIRROR_BUFFER_BYTES = 64 * 1024
+MIRROR_FLUSH_S = 0.5
+
+LineHandler = Callable[[str, str], None]
+
+
+class OutputReaders:
+    """A reader thread per pipe; ``on_line(stream, text)`` gets each line in pipe order."""
+
+    def __init__(
+        self,
+        pipes: list[tuple[IO[bytes], str]],
+        on_line: LineHandler,
+        wait_for_room: Callable[[], None],
+    ) -> None:
+        self._on_line = on_line
+        self._wait_for_room = wait_for_room
+        self._last_line_at = time.monotonic()
+        self._threads = [
+            threading.Thread(target=self._read, args=(pipe, name), daemon=True, name=name)
+            for pipe, name in pipes
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def alive(self) -> bool:
+        return any(thread.is_alive() for thread in self._threads)
+
+    def idle_s(self) -> float:
+        """Seconds since a line was last read."""
+        return time.monotonic() - self._last_line_at
+
+    def _read(self, pipe: IO[bytes], stream: str) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        with pipe:
+            while True:
+                self._wait_for_room()
+                chunk = pipe.readline(LINE_LIMIT_BYTES)
+                if not chunk:
+                    break
+                self._last_line_at = time.monotonic()
+                line_ended = chunk.endswith(b"\n")
+                text = decoder.decode(chunk, final=line_ended)
+                if line_ended:
+                    text = text[:-1].removesuffix("\r")
+                self._on_line(stream, text)
+            if rest := decoder.decode(b"", final=True):
+                self._on_line(stream, rest)
+
+
+class TrainingLog:
+    """``$LOG_DIR/training-log.txt``: every output line, written in blocks and flushed at
+    least every ``MIRROR_FLUSH_S`` (so a quiet job's last lines show there soon).
+
+    ``on_problem`` hears why the file cannot be written; writing then stops, the report
+    stream goes on.
+    """
+
+    def __init__(self, log_dir: str | None, on_problem: Callable[[str], None]) -> None:
+        self._log_dir = log_dir
+        self._on_problem = on_problem
+        self._lock = threading.Lock()
+        self._file: IO[str] | None = None
+        self._closed = threading.Event()
+
+    def open(self) -> None:
+        if not self._log_dir:
+            return
+        try:
+            os.makedirs(self._log_dir, exist_ok=True)
+            path = os.path.join(self._log_dir, TRAINING_LOG)
+            # The directory is the job's own: never write through a link it planted there.
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(path, flags, 0o644)
+            self._file = open(  # noqa: SIM115 - closed in close()
+                fd, "a", encoding="utf-8", errors="replace", buffering=MIRROR_BUFFER_BYTES
+            )
+        except OSError as exc:
+            self._on_problem(f"[ffdl] cannot write {self._log_dir}/{TRAINING_LOG}: {exc}")
+            return
+        threading.Thread(target=self._flush_often, name="training-log", daemon=True).start()
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            if self._file is None:
+                return
+            try:
+                self._file.write(text + "\n")
+            except OSError as exc:
+                self._stop_locked(exc)
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError as exc:
+                    self._stop_locked(exc)
+                self._file = None
+
+    def _flush_often(self) -> None:
+        while not self._closed.wait(MIRROR_FLUSH_S):
+            with self._lock:
+                if self._file is None:
+                    return
+                try:
+                    self._file.flush()
+                except OSError as exc:
+                    self._stop_locked(exc)
+
+    def _stop_locked(self, exc: OSError) -> None:
+        self._file = None
+        self._on_problem(f"[ffdl] stopped writing {TRAINING_LOG}: {exc}")
