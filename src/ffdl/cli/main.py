@@ -266,7 +266,7 @@ def halt(ctx: typer.Context, model_id: ModelId) -> None:
 
 @app.command()
 def resume(ctx: typer.Context, model_id: ModelId) -> None:
-    """Resume a halted job."""
+    """Resume a halted or failed job from its last checkpoint."""
     with client_of(ctx) as client:
         model = client.resume(model_id)
     typer.echo(f"{model_id}: {_model_status(model)}")
