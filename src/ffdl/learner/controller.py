@@ -26,7 +26,8 @@ from types import FrameType
 from ffdl.core.status import ErrorCode, LearnerStatus
 from ffdl.learner import metrics, sandbox, staging
 from ffdl.learner.cgroups import LearnerCgroup
-from ffdl.learner.output import OutputReaders, TrainingLog
+from ffdl.learner.output import OUTPUT_RECORD, OutputReaders, OutputRecord, TrainingLog
+from ffdl.learner.processes import descendants, group_members
 from ffdl.learner.reporter import CANCEL, GAVE_UP, GONE, HALT, Reporter
 from ffdl.learner.spec import (
     CONTROLLER_LOG,
@@ -70,48 +71,6 @@ class HaltSignal:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         del signum, frame
         self.received = True
-
-
-def _process_table() -> dict[int, tuple[int, int]]:
-    """Every process's (parent pid, process group), read from /proc."""
-    table: dict[int, tuple[int, int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return table
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path("/proc", name, "stat").read_bytes()
-        except OSError:
-            continue
-        # The command name may hold spaces and parentheses; the fields after its last ')'
-        # are state, ppid, pgrp.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2:
-            table[int(name)] = (int(fields[1]), int(fields[2]))
-    return table
-
-
-def _group_members(group: int) -> set[int]:
-    """Processes in process group ``group`` (empty where there is none)."""
-    return {pid for pid, (_ppid, pgrp) in _process_table().items() if pgrp == group}
-
-
-def _descendants(root: int) -> set[int]:
-    """Every process below ``root`` in the process tree (``root`` itself excluded)."""
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _pgrp) in _process_table().items():
-        children.setdefault(ppid, []).append(pid)
-    found: set[int] = set()
-    stack = [root]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
 
 
 def _peak_rss() -> str:
@@ -178,6 +137,7 @@ class Controller:
         self._child: subprocess.Popen[bytes] | None = None
         self._last_lines: deque[str] = deque(maxlen=LAST_LINES)
         self._training_log = TrainingLog(spec.env.get("LOG_DIR"), self._ffdl_log)
+        self._output_record = OutputRecord(str(self.state_dir / OUTPUT_RECORD), self._ffdl_log)
         # Taken for each output line; once closed, lines that still trickle in (from a
         # process that escaped the kill) are ignored: the final status must come last.
         self._output_lock = threading.Lock()
@@ -352,6 +312,7 @@ class Controller:
         self._child = child
         logger.info("command started as pid %d", child.pid)
         self._training_log.open()
+        self._output_record.open()
         assert child.stdout is not None and child.stderr is not None
         readers = OutputReaders(
             [(child.stdout, "stdout"), (child.stderr, "stderr")],
@@ -365,6 +326,7 @@ class Controller:
         if tailer is not None:
             tailer.stop()
         self._training_log.close()
+        self._output_record.close()
         return self._process_outcome(exit_code, acted_on, request)
 
     def _command_argv(self) -> list[str]:
@@ -464,7 +426,7 @@ class Controller:
             # The child is bwrap's monitor, outside the sandbox: a signal to it would end
             # the sandbox at once, so a halt goes to the processes inside only; a kill ends
             # the monitor too, and with it the sandbox's PID namespace.
-            targets = _descendants(self._child.pid)
+            targets = descendants(self._child.pid)
             if self._cgroup is not None:
                 targets |= self._cgroup.members()
             if signum == signal.SIGKILL:
@@ -472,7 +434,7 @@ class Controller:
             targets -= {own_pid, self._child.pid}
         else:
             # Our process group, minus us.
-            targets = _group_members(own_pid) - {own_pid} if os.getpgrp() == own_pid else set()
+            targets = group_members(own_pid) - {own_pid} if os.getpgrp() == own_pid else set()
             if self._child is not None:
                 # Popen skips a child it has already reaped, so a reused pid is never hit.
                 self._child.send_signal(signum)
@@ -503,7 +465,10 @@ class Controller:
         with self._output_lock:
             if self._output_closed:
                 return
+            # Queued and recorded under this one lock, in the same order: the record's
+            # first k lines are the first k output lines the server gets.
             self.reporter.log(stream, text)
+            self._output_record.write(stream, text)
             self._training_log.write(text)
             if text.strip():
                 self._last_lines.append(text.strip())

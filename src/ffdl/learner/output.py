@@ -4,12 +4,16 @@
 the controller; before taking a line it asks for room in the report queue, so when the
 queue can take no more (see ``reporter``) the reader stops reading and the command blocks
 on its pipe: back-pressure instead of memory. ``TrainingLog`` mirrors the lines to
-``$LOG_DIR/training-log.txt``, which is stored with the results. Standard library only.
+``$LOG_DIR/training-log.txt``, which is stored with the results. ``OutputRecord`` writes
+each line, as it is handed to the reporter, to a record in the controller's state directory:
+a controller killed with lines still undelivered leaves them there for the platform to
+recover. Standard library only.
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import threading
 import time
@@ -18,6 +22,11 @@ from typing import IO
 
 LINE_LIMIT_BYTES = 16 * 1024
 TRAINING_LOG = "training-log.txt"
+# In the controller's state directory, which the sandbox cannot see: one JSON object a line,
+# {"n": ordinal from 1, "stream": "stdout" | "stderr", "text": the line}, in the order the
+# lines went to the reporter. The server reads it when a controller is lost
+# (``ffdl.server.services.salvage``).
+OUTPUT_RECORD = "output-record.jsonl"
 # The training log is written in blocks of this size, and at least this often.
 MIRROR_BUFFER_BYTES = 64 * 1024
 MIRROR_FLUSH_S = 0.5
@@ -140,3 +149,56 @@ class TrainingLog:
     def _stop_locked(self, exc: OSError) -> None:
         self._file = None
         self._on_problem(f"[ffdl] stopped writing {TRAINING_LOG}: {exc}")
+
+
+class OutputRecord:
+    """The controller's private write-ahead record of the command's output.
+
+    Each line is one ``os.write`` with no buffer of ours: once written it sits in the page
+    cache, which outlives a SIGKILL of this process (a host crash is not covered; there is
+    no fsync, which would cost far more than the record is worth). The caller writes lines
+    in the order it hands them to the reporter, under one lock, so that the server may
+    equate "the first k output lines it stored" with "the first k records". A new
+    controller of the same attempt starts the record afresh: its predecessor's lines can no
+    longer be lined up with what was stored, and a short record only under-recovers.
+    ``on_problem`` hears why the record cannot be written; recording then stops.
+    """
+
+    def __init__(self, path: str, on_problem: Callable[[str], None]) -> None:
+        self._path = path
+        self._on_problem = on_problem
+        self._fd: int | None = None
+        self._count = 0
+
+    def open(self) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            self._fd = os.open(self._path, flags, 0o600)
+        except OSError as exc:
+            self._on_problem(f"[ffdl] cannot record output for recovery: {exc}")
+
+    def write(self, stream: str, text: str) -> None:
+        """Record one line; the caller serialises calls (see the class docstring)."""
+        if self._fd is None:
+            return
+        self._count += 1
+        record = {"n": self._count, "stream": stream, "text": text}
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "replace")
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError as exc:
+            self._stop(exc)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError as exc:
+                self._on_problem(f"[ffdl] output record: {exc}")
+
+    def _stop(self, exc: OSError) -> None:
+        # Later lines are not recorded: the record stays a true prefix of the output.
+        self.close()
+        self._on_problem(f"[ffdl] stopped recording output for recovery: {exc}")

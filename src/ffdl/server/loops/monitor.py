@@ -3,8 +3,10 @@
 A learner whose controller has been quiet for a few heartbeats is polled on the backend:
 a controller that exited leaves its final result, which is applied as if reported; one
 that vanished fails the learner (and so the job) with S201; one that runs but stays silent
-past the heartbeat timeout is killed and failed. Learners still alive in an attempt that
-is over (the others of a failed gang, a job gone back to the queue to restart) are killed.
+past the heartbeat timeout is killed and failed. Either way, the output lines the lost
+controller had read but not delivered are first recovered from its record (``salvage``).
+Learners still alive in an attempt that is over (the others of a failed gang, a job gone
+back to the queue to restart) are killed.
 
 Silence is counted from the later of the last heartbeat and this control plane's start:
 while the server was down nobody could hear the controllers (they buffer and carry on),
@@ -35,6 +37,7 @@ from ffdl.core.status import (
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job
 from ffdl.server.services.queries import current_learners
+from ffdl.server.services.salvage import salvage_output
 from ffdl.server.store.models import Job, Learner
 from ffdl.server.store.transitions import set_learner_status, utcnow
 
@@ -123,6 +126,7 @@ def _check(platform: Platform, watch: _Watch) -> bool:
         if watch.silent_s <= settings.heartbeat_timeout_s:
             return False
         platform.backend.kill(watch.handle)
+        salvage_output(platform, watch.job_id, watch.index, watch.attempt, watch.handle)
         reason = f"controller silent for {watch.silent_s:.0f}s; killed"
         return _settle(
             platform, watch, LearnerStatus.FAILED, reason, ErrorCode.CONTROLLER_LOST.value, None
@@ -142,6 +146,7 @@ def _check(platform: Platform, watch: _Watch) -> bool:
             result.get("error_code"),
             int(exit_code) if isinstance(exit_code, int) else None,
         )
+    salvage_output(platform, watch.job_id, watch.index, watch.attempt, watch.handle)
     return _settle(
         platform,
         watch,
