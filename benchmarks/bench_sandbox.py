@@ -30,8 +30,8 @@ from ffdl.learner.sandbox import SandboxSpec, sandbox_argv, write_identity_files
 from ffdl.server.services.sandboxing import python_paths
 
 STARTS = 20
-RUNS = 3
-STEPS = "150"
+RUNS = 5
+STEPS = "400"
 WORKLOAD = Path(__file__).resolve().parent / "workloads" / "synthetic_cnn.py"
 FIRST_LINE_COMMAND = f"{sys.executable} -c \"print('up')\""
 
