@@ -24,7 +24,7 @@ from ffdl.core.resources import Node
 from ffdl.core.units import parse_size_mb
 from ffdl.learner.cgroups import LearnerCgroup
 from ffdl.learner.sandbox import check_available, remove_netns_if_unused
-from ffdl.learner.spec import dump_spec
+from ffdl.learner.spec import LearnerSpec, dump_spec
 from ffdl.server.settings import Settings
 
 CONTROLLER_MODULE = "ffdl.learner.controller"
@@ -56,6 +56,13 @@ def _proc_alive(pid: int, marker: str) -> bool:
         return False
     state = stat.rsplit(")", 1)[-1].split()[0]
     return state not in ("Z", "X") and marker in cmdline
+
+
+def _with_sandbox(handle: Handle, spec: LearnerSpec) -> Handle:
+    """The handle plus what ``kill`` needs to clean up after a controller that cannot."""
+    if spec.sandbox is not None and spec.sandbox.privileged:
+        return {**handle, "cgroup": spec.sandbox.cgroup, "netns": spec.sandbox.netns}
+    return handle
 
 
 class LocalBackend:
@@ -117,7 +124,7 @@ class LocalBackend:
         spec_path = state_dir / "spec.json"
         existing = self._running_handle(state_dir, spec_path)
         if existing is not None:
-            return existing
+            return _with_sandbox(existing, spec)
         dump_spec(spec, spec_path)
         log = open(state_dir / "controller.log", "ab")  # noqa: SIM115 - owned by the child
         try:
@@ -136,10 +143,7 @@ class LocalBackend:
             self._children[proc.pid] = proc
         (state_dir / "launched.pid").write_text(str(proc.pid))
         handle: Handle = {"pid": proc.pid, "state_dir": str(state_dir), "spec": str(spec_path)}
-        if spec.sandbox is not None and spec.sandbox.privileged:
-            handle["cgroup"] = spec.sandbox.cgroup
-            handle["netns"] = spec.sandbox.netns
-        return handle
+        return _with_sandbox(handle, spec)
 
     def _running_handle(self, state_dir: Path, spec_path: Path) -> Handle | None:
         pid_file = state_dir / "launched.pid"
