@@ -14,12 +14,14 @@ import shutil
 import stat
 import time
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from ffdl.core.errors import ArchiveError
 
 # Lists what a results download left out, and why.
 SKIPPED_NAME = "SKIPPED_LINKS.txt"
+VERIFY_CHUNK_BYTES = 1024 * 1024
 
 
 def validate_archive(data: bytes, *, max_files: int, max_unpacked_bytes: int) -> int:
@@ -47,7 +49,37 @@ def validate_archive(data: bytes, *, max_files: int, max_unpacked_bytes: int) ->
             raise ArchiveError(
                 f"model_definition unpacks to {total} bytes; the limit is {max_unpacked_bytes}"
             )
+        for info in infos:
+            _verify_member(archive, info)
         return sum(1 for i in infos if not i.is_dir())
+
+
+def _verify_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
+    """Read a member whole: its data must inflate, match its CRC and its declared size.
+
+    Done at submit so that a corrupt archive is the submitter's 400, never a deploy that
+    fails later (or a lifecycle pass that stumbles on it)."""
+    read = 0
+    try:
+        with archive.open(info) as member:
+            while chunk := member.read(VERIFY_CHUNK_BYTES):
+                read += len(chunk)
+                if read > info.file_size:
+                    break
+    except (
+        zipfile.BadZipFile,
+        zlib.error,
+        EOFError,
+        OSError,
+        RuntimeError,
+        NotImplementedError,
+    ) as exc:
+        raise ArchiveError(f"model_definition member {info.filename!r} is corrupt: {exc}") from exc
+    if read != info.file_size:
+        raise ArchiveError(
+            f"model_definition member {info.filename!r} holds {read}"
+            f"{'+' if read > info.file_size else ''} bytes but declares {info.file_size}"
+        )
 
 
 def _check_member_name(name: str) -> None:
