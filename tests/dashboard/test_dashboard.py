@@ -15,7 +15,7 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.command import Command
 
-from tests.integration.live import LiveServer, manifest_yaml, wait_for
+from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, serving, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -194,3 +194,23 @@ def test_wrong_token_shows_the_token_form_with_the_reason(
     )
     assert not browser.find_element(By.ID, "token-form").is_displayed()
     assert not browser.find_element(By.ID, "token-error").is_displayed()
+
+
+def test_an_unsandboxed_platform_says_so_on_health_and_the_dashboard(
+    tmp_path: Path, browser: WebDriver
+) -> None:
+    config = {**FAST_CONFIG, "sandbox": False}
+    with serving(LiveServer(home=tmp_path / "bare", config=config)) as bare:
+        health = httpx.get(f"{bare.url}/health", timeout=10).json()
+        assert health["sandbox"] is False and "not sandboxed" in health["warning"]
+        assert "NOT SANDBOXED" in bare.log_tail(200)
+        browser.get(f"{bare.url}/")
+        wait_for(lambda: browser.find_element(By.ID, "sandbox-warning").is_displayed())
+        assert "--no-sandbox" in text_of(browser, "#sandbox-warning")
+
+
+def test_a_sandboxed_platform_shows_no_warning(server: LiveServer, browser: WebDriver) -> None:
+    assert httpx.get(f"{server.url}/health", timeout=10).json()["sandbox"] is True
+    browser.get(f"{server.url}/#token={server.token}")
+    wait_for(lambda: browser.find_element(By.ID, "dashboard").is_displayed())
+    assert not browser.find_element(By.ID, "sandbox-warning").is_displayed()
