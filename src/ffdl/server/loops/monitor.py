@@ -132,6 +132,9 @@ def _check(platform: Platform, watch: _Watch) -> bool:
             platform, watch, LearnerStatus.FAILED, reason, ErrorCode.CONTROLLER_LOST.value, None
         )
     if polled.state == LearnerState.EXITED and polled.result:
+        # It ended without its last reports reaching us (say it gave up while the API was
+        # away): what it could not deliver is still in its record.
+        salvage_output(platform, watch.job_id, watch.index, watch.attempt, watch.handle)
         result = polled.result
         try:
             target = LearnerStatus(str(result.get("status")))
