@@ -138,11 +138,12 @@ class Chaos:
                 memory="512MiB",
                 max_restarts=3,
             )
-            key = uuid.uuid4().hex
+            # One key and one archive per job: a retry must send the same bytes.
+            key, archive = uuid.uuid4().hex, code_zip(code)
             while not self.done.is_set():
                 self.server_up.wait()
                 try:
-                    response = self._submit(manifest, code, key)
+                    response = self._submit(manifest, archive, key)
                 except httpx.HTTPError:
                     time.sleep(0.2)  # the server is down: retry with the same key
                     continue
@@ -155,14 +156,14 @@ class Chaos:
                     continue
                 raise RuntimeError(f"submit of {name} refused: {response.text}")
 
-    def _submit(self, manifest: str, code: dict[str, str], key: str) -> httpx.Response:
+    def _submit(self, manifest: str, archive: bytes, key: str) -> httpx.Response:
         with httpx.Client(base_url=self.server.url, timeout=30) as client:
             return client.post(
                 "/v1/models",
                 headers={"Authorization": f"Bearer {self.server.token}", "Idempotency-Key": key},
                 files={
                     "manifest": ("manifest.yml", manifest.encode(), "application/x-yaml"),
-                    "model_definition": ("model.zip", code_zip(code), "application/zip"),
+                    "model_definition": ("model.zip", archive, "application/zip"),
                 },
             )
 
