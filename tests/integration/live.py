@@ -21,6 +21,9 @@ from typing import Any
 import httpx
 import yaml
 
+from ffdl.learner.cgroups import LearnerCgroup
+from ffdl.learner.sandbox import NETNS_PREFIX, remove_netns_if_unused
+
 FAST_CONFIG: dict[str, Any] = {
     "scheduler_interval_s": 0.2,
     "lcm_interval_s": 0.2,
@@ -147,10 +150,18 @@ class LiveServer:
         self.proc = None
 
     def kill_learners(self) -> None:
-        """Kill every controller this server started (they outlive the server by design)."""
+        """Kill every controller this server started (they outlive the server by design),
+        and remove the cgroups and network namespaces their sandboxes leave behind."""
         for pid_file in (self.home / "jobs").glob("*/learners/*/*/launched.pid"):
             with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
                 os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                sandbox = json.loads((pid_file.parent / "spec.json").read_text())["sandbox"]
+                if sandbox and sandbox.get("privileged"):
+                    LearnerCgroup.existing(str(sandbox["cgroup"])).remove()
+                    network = str(sandbox.get("network", ""))
+                    if network.startswith(NETNS_PREFIX):
+                        remove_netns_if_unused(network[len(NETNS_PREFIX) :])
 
     def log_tail(self, n: int = 40) -> str:
         path = self.home / "server.log"

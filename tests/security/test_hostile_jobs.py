@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from ffdl.learner.cgroups import LearnerCgroup
 from tests.integration.live import (
     LiveServer,
     job_pids,
@@ -269,6 +270,11 @@ def test_nothing_of_a_job_outlives_it(server: LiveServer, ending: str) -> None:
         server.client.delete(f"/v1/models/{job_id}")
         server.wait_status(job_id, {"CANCELLED"})
     wait_for(lambda: not job_pids(job_id), timeout=15, what="every process of the job to end")
+    wait_for(lambda: not _cgroups_of(job_id), timeout=15, what="the learner's cgroup removed")
+
+
+def _cgroups_of(job_id: str) -> list[Path]:
+    return LearnerCgroup.existing(f"ffdl-{job_id}-l1-a1").directories
 
 
 def test_nothing_survives_a_killed_controller(server: LiveServer) -> None:
@@ -279,7 +285,9 @@ def test_nothing_survives_a_killed_controller(server: LiveServer) -> None:
     controller = int(next(job_dir.rglob("launched.pid")).read_text())
     os.kill(controller, signal.SIGKILL)
     wait_for(lambda: not job_pids(job_id), timeout=15, what="every process of the job to end")
-    server.client.delete(f"/v1/models/{job_id}")
+    server.wait_status(job_id, {"FAILED"}, timeout=60)
+    # The monitor found the controller gone: its sandbox's cgroup goes with it.
+    wait_for(lambda: not _cgroups_of(job_id), timeout=15, what="the learner's cgroup removed")
 
 
 def test_a_learner_over_its_memory_fails_with_its_limit(server: LiveServer) -> None:

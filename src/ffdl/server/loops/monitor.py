@@ -149,6 +149,9 @@ def _check(platform: Platform, watch: _Watch) -> bool:
             result.get("error_code"),
             int(exit_code) if isinstance(exit_code, int) else None,
         )
+    # Gone without a trace (killed, say): the backend still ends and removes what its
+    # sandbox left behind (cgroup, network namespace).
+    platform.backend.kill(watch.handle)
     salvage_output(platform, watch.job_id, watch.index, watch.attempt, watch.handle)
     return _settle(
         platform,
