@@ -94,8 +94,9 @@ def test_a_long_outage_spills_to_disk_in_bounded_memory_and_loses_nothing(
         reporter.log("stdout", f"line {index}")
         peak = max(peak, spool.memory_bytes)
     reporter.status("COMPLETED")
-    # The head, plus the write buffer (which is written out once it reaches its chunk).
-    assert peak <= 2 * memory
+    # The head, plus the write buffer (which is written out once it reaches its chunk, or
+    # waits while the disk is slow), plus the one item that tipped it over.
+    assert peak <= 2 * memory + 1024
     assert reporter.pending_count == 20_002
     assert len(segments(tmp_path / "spool")) > 3
     api.start()
