@@ -272,26 +272,24 @@ class Controller:
         self._status(LearnerStatus.PROCESSING)
         self._metric_groups, problems = metrics.compile_groups(self.spec.metric_groups)
         for problem in problems:
-            self._ffdl_log(f"[ffdl] {problem}")
-        tailer = None
-        if self.spec.emetrics_file:
-            tailer = metrics.EmetricsTailer(
-                self.spec.emetrics_file,
-                self._on_file_metric,
-                lambda problem: self._ffdl_log(f"[ffdl] {problem}"),
-                skip_existing=True,
-            )
-            tailer.start()
+            self._on_problem(problem)
         try:
             argv = self._command_argv()
         except (sandbox.SandboxError, OSError) as exc:
-            if tailer is not None:
-                tailer.stop()
             return LearnerResult(
                 LearnerStatus.FAILED,
                 error_code=ErrorCode.DEPLOY_FAILED.value,
                 reason=f"cannot set up the learner's sandbox: {exc}",
             )
+        tailer = None
+        if self.spec.emetrics_file:
+            tailer = metrics.EmetricsTailer(
+                self.spec.emetrics_file,
+                self._on_file_metric,
+                self._on_problem,
+                skip_existing=True,
+            )
+            tailer.start()
         try:
             child = subprocess.Popen(
                 argv,
