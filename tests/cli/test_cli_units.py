@@ -233,7 +233,7 @@ def test_train_prints_model_id_and_warnings(api: FakeApi, tmp_path: Path) -> Non
     manifest.write_text("name: x\n")
     result = invoke(["train", str(manifest), str(tmp_path)], api)
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"Model ID: {MODEL_ID}\n"
+    assert result.stdout.splitlines()[1:] == [f"Model ID: {MODEL_ID}", "OK"]
     assert "Warning: gpus: rounded" in result.stderr
 
 
@@ -247,9 +247,9 @@ def test_train_follow_streams_and_fails_with_the_job(
     result = invoke(["train", "-f", str(manifest), str(tmp_path)], api)
     assert result.exit_code == exit_code, result.output
     lines = result.stdout.splitlines()
-    assert lines[0] == f"Model ID: {MODEL_ID}"
-    assert lines[1] == "── status PROCESSING (learners running)"
-    assert lines[2:4] == ["l1", "l2"]
+    assert lines[1:3] == [f"Model ID: {MODEL_ID}", "OK"]
+    assert lines[3] == "── status PROCESSING (learners running)"
+    assert lines[4:6] == ["l1", "l2"]
     assert lines[-1].startswith(f"── status {final}")
 
 
@@ -304,12 +304,12 @@ def test_logs_follow_prints_only_lines(api: FakeApi) -> None:
 
 
 def test_loglines_and_emetrics_print_json_records(api: FakeApi) -> None:
-    result = invoke(["loglines", MODEL_ID, "--pagesize", "2", "--pos", "1"], api)
+    result = invoke(["loglines", MODEL_ID, "--pagesize", "2", "--pos", "1", "--json"], api)
     assert [json.loads(line) for line in result.stdout.splitlines()] == [
         log_line(2),
         log_line(3),
     ]
-    result = invoke(["emetrics", MODEL_ID, "--since-time", "1700000000000"], api)
+    result = invoke(["emetrics", MODEL_ID, "--since-time", "1700000000000", "--json"], api)
     assert json.loads(result.stdout)["grouplabel"] == "test"
     assert api.requests[-1].url.params["since_time"] == "1700000000000"
 

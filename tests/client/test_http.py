@@ -230,14 +230,24 @@ def test_loglines_and_emetrics_pass_paging_and_return_items() -> None:
         params = dict(request.url.params)
         if request.url.path == f"/v1/logs/{MODEL_ID}/loglines":
             assert params == {"since_time": "2024-01-01T00:00:00Z", "pagesize": "10", "pos": "-5"}
-            return httpx.Response(200, json={"lines": [line]})
+            return httpx.Response(200, json={"models": [line]})
         assert request.url.path == f"/v1/logs/{MODEL_ID}/emetrics"
         assert params == {}
-        return httpx.Response(200, json={"records": [record]})
+        return httpx.Response(200, json={"models": [record]})
 
     client = make_client(handler)
     assert client.loglines(MODEL_ID, "2024-01-01T00:00:00Z", pagesize=10, pos=-5) == [line]
     assert client.emetrics(MODEL_ID) == [record]
+
+
+def test_pages_of_an_older_server_are_read_too() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        key = "lines" if request.url.path.endswith("/loglines") else "records"
+        return httpx.Response(200, json={key: [{"line": "x"}, "not a record"]})
+
+    client = make_client(handler)
+    assert client.loglines(MODEL_ID) == [{"line": "x"}]
+    assert client.emetrics(MODEL_ID) == [{"line": "x"}]
 
 
 # -- errors -------------------------------------------------------------------------------
@@ -248,8 +258,10 @@ def test_error_body_becomes_api_error() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         body = {
-            "error": "invalid manifest: framework.command: is required",
-            "code": "C101",
+            "code": 400,
+            "error": "Bad Request",
+            "description": "invalid manifest: framework.command: is required",
+            "ffdl_code": "C101",
             "detail": detail,
         }
         return httpx.Response(400, json=body)
@@ -259,6 +271,23 @@ def test_error_body_becomes_api_error() -> None:
     error = caught.value
     assert (error.status, error.code, error.detail) == (400, "C101", detail)
     assert error.message == "invalid manifest: framework.command: is required"
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        # An older ffdl server: the message in ``error``, its code in ``code``.
+        ({"error": "no such model", "code": "C404", "detail": None}, "C404", "no such model"),
+        # FfDL's own server: an empty description, the status phrase in ``error``.
+        ({"code": 404, "error": "Not found", "description": ""}, "HTTP404", "Not found"),
+    ],
+)
+def test_other_error_bodies_become_api_errors(
+    body: dict[str, Any], code: str, message: str
+) -> None:
+    with pytest.raises(ApiError) as caught:
+        make_client(lambda request: httpx.Response(404, json=body)).get_model(MODEL_ID)
+    assert (caught.value.status, caught.value.code, caught.value.message) == (404, code, message)
 
 
 @pytest.mark.parametrize(
@@ -313,7 +342,15 @@ def test_download_streams_to_destination(tmp_path: Path) -> None:
 def test_failed_download_leaves_no_file(tmp_path: Path) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         assert request.url.path == f"/v1/models/{MODEL_ID}/definition"
-        return httpx.Response(404, json={"error": "no such model", "code": "C404"})
+        return httpx.Response(
+            404,
+            json={
+                "code": 404,
+                "error": "Not Found",
+                "description": "no such model",
+                "ffdl_code": "C404",
+            },
+        )
 
     dest = tmp_path / "def.zip"
     with pytest.raises(ApiError) as caught:

@@ -16,6 +16,7 @@ from ffdl.core.manifest import (
     DataStore,
     ElasticSpec,
     Manifest,
+    MetricValue,
     PlacementSpec,
     parse_manifest,
 )
@@ -98,7 +99,7 @@ class Expected(NamedTuple):
 FIXTURE_EXPECTATIONS: dict[str, Expected] = {
     "tf-model.yml": Expected(
         "tf_convolutional_network_tutorial", 1, 0, 0.5, 954, ("tensorflow", "1.5.0-py3"),
-        "s3", ("tf_training_data", "tf_trained_model"), "tensorboard",
+        "mount_cos", ("tf_training_data", "tf_trained_model"), "tensorboard",
     ),
     "tf-hostmount.yml": Expected(
         "tf_convolutional_network_hostmount", 1, 0, 0.25, 954, ("tensorflow", "1.5.0-py3"),
@@ -106,32 +107,32 @@ FIXTURE_EXPECTATIONS: dict[str, Expected] = {
     ),
     "pytorch-model.yml": Expected(
         "mnist-pytorch-model", 1, 0, 1.0, 1000, ("pytorch", "latest"),
-        "s3", ("pytorch_training_data", "pytorch_trained_model"), None,
+        "mount_cos", ("pytorch_training_data", "pytorch_trained_model"), None,
     ),
     "caffe-gpu.yml": Expected(
         "mnist-caffe-gpu-model", 1, 1, 2.0, 300, ("caffe", "gpu"),
-        "s3", ("caffe_training_data", "caffe_trained_model"), None,
+        "mount_cos", ("caffe_training_data", "caffe_trained_model"), None,
     ),
     "keras.yml": Expected(
         "keras-mnist-model", 1, 0, 1.0, 954, ("tensorflow", "1.5.0-py3"),
-        "s3", ("keras-training-data", "keras-trained-results"), None,
+        "mount_cos", ("keras-training-data", "keras-trained-results"), None,
     ),
     "horovod-pytorch.yml": Expected(
         "Distributed-horovod-pytorch", 2, 0, 1.0, 954,
         ("horovod", "0.13.4-tf1.8.0-torch0.4.0-py3.5"),
-        "s3", ("horovod_training_data", "horovod_trained_model"), None,
+        "mount_cos", ("horovod_training_data", "horovod_trained_model"), None,
     ),
     "h2o.yml": Expected(
         "h2o3_automl", 2, 0, 0.5, 954, ("h2o3", "latest"),
-        "s3", ("h2o3_training_data", "h2o3_trained_model"), None,
+        "s3_datastore", ("h2o3_training_data", "h2o3_trained_model"), None,
     ),
     "pytorch-distributed-gpu.yml": Expected(
         "pytorch ddl", 2, 1, 8.0, 15259, ("custom", "tomcli/pytorch:latest"),
-        "s3", ("fashion-mnist", "mnist-trained-model"), "tensorboard",
+        "s3_datastore", ("fashion-mnist", "mnist-trained-model"), "tensorboard",
     ),
     "emetrics.yml": Expected(
         "tf_mnist_emetrics", 1, 0, 1.0, 1908, ("tensorflow", "1.5.0-py3"),
-        "s3", ("mnist_training_data", "mnist_trained_model"), "emetrics",
+        "s3_datastore", ("mnist_training_data", "mnist_trained_model"), "emetrics",
     ),
     "ffdl-extended.yml": Expected(
         "resnet50-elastic", 2, 2, 8.0, 32768, ("pytorch", "2.13"),
@@ -206,8 +207,8 @@ def test_emetrics_groups_are_parsed() -> None:
     accuracy = metrics.groups["accuracy"]
     assert accuracy.regex == r"accuracy = (?P<acc>[0-9.]+), step = (?P<step>\d+)"
     assert accuracy.meta == {"time": "$timestamp"}
-    assert accuracy.scalars == {"accuracy": "acc"}
-    assert accuracy.etimes == {"iteration": "step"}
+    assert accuracy.scalars == {"accuracy": MetricValue(type="FLOAT", value="acc")}
+    assert accuracy.etimes == {"iteration": MetricValue(type="INT", value="step")}
     assert metrics.groups["loss"].etimes == {}
 
 
@@ -304,17 +305,21 @@ def test_placement_forms(placement: object, expected: PlacementSpec) -> None:
     assert parse_manifest(manifest_text(placement=placement)).placement == expected
 
 
-@pytest.mark.parametrize(("ffdl_type", "expected"), [("mount_cos", "s3"), ("S3_Datastore", "s3")])
-def test_ffdl_store_types_map_to_s3(ffdl_type: str, expected: str) -> None:
+@pytest.mark.parametrize(
+    ("ffdl_type", "expected"),
+    [("mount_cos", "mount_cos"), ("S3_Datastore", "s3_datastore"), ("s3", "s3")],
+)
+def test_object_store_types_keep_the_name_the_user_wrote(ffdl_type: str, expected: str) -> None:
     manifest = parse_manifest(manifest_text(data_stores=with_store(type=ffdl_type)))
     assert manifest.data_stores[0].type == expected
+    assert manifest.data_stores[0].is_object_store
 
 
-def test_metrics_type_is_lower_cased_and_any_word_is_accepted() -> None:
+def test_metrics_type_is_matched_without_case_and_ffdl_synonyms_are_accepted() -> None:
     metrics = {"type": "OptiVist", "in": "/logs"}
     manifest = parse_manifest(manifest_text(evaluation_metrics=metrics))
     assert manifest.evaluation_metrics is not None
-    assert manifest.evaluation_metrics.type == "optivist"
+    assert manifest.evaluation_metrics.type == "emetrics"
 
 
 def test_keys_with_empty_values_count_as_not_given() -> None:

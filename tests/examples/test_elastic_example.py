@@ -108,7 +108,7 @@ def scale(server: LiveServer, job_id: str, gpus: int) -> None:
 def metric_records(server: LiveServer, job_id: str, group: str) -> list[dict[str, Any]]:
     response = server.client.get(f"/v1/logs/{job_id}/emetrics", params={"pagesize": 10000})
     assert response.status_code == 200, response.text
-    return [r for r in response.json()["records"] if r["grouplabel"] == group]
+    return [r for r in response.json()["models"] if r["grouplabel"] == group]
 
 
 def trained_epochs(server: LiveServer, job_id: str) -> list[int]:

@@ -47,7 +47,7 @@ def _train_epochs(server: LiveServer, job_id: str) -> list[int]:
     response = server.client.get(f"/v1/logs/{job_id}/emetrics", params={"pagesize": 5000})
     return [
         int(r["etimes"]["iteration"]["value"])
-        for r in response.json()["records"]
+        for r in response.json()["models"]
         if r["grouplabel"] == "train"
     ]
 

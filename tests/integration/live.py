@@ -217,7 +217,7 @@ class LiveServer:
             f"/v1/logs/{job_id}/loglines", params={"pagesize": 10000, **params}
         )
         assert response.status_code == 200, response.text
-        lines: list[dict[str, Any]] = response.json()["lines"]
+        lines: list[dict[str, Any]] = response.json()["models"]
         return lines
 
 

@@ -26,12 +26,12 @@ def test_invalid_manifest_is_rejected_with_field_and_nothing_is_stored(
     response = server.submit(bad)
     assert response.status_code == 400
     body = response.json()
-    assert body["code"] == "C104"
+    assert body["ffdl_code"] == "C104"
     assert body["detail"]["field"] == "learners"
     no_command = "name: x\nframework: {name: pytorch, version: '1'}\n"
     response = server.submit(no_command)
     assert response.status_code == 400
-    assert response.json()["code"] == "C101"
+    assert response.json()["ffdl_code"] == "C101"
     assert response.json()["detail"]["field"] == "framework.command"
     assert "Traceback" not in response.text
     assert server.client.get("/v1/models").json()["total"] == 0
@@ -47,20 +47,20 @@ def test_bad_archive_and_oversized_job_are_rejected(server: LiveServer) -> None:
         },
     )
     assert response.status_code == 400
-    assert response.json()["code"] == "C102"
+    assert response.json()["ffdl_code"] == "C102"
     too_big = manifest_yaml("true", gpus=64)
     response = server.submit(too_big)
     assert response.status_code == 400
-    assert response.json()["code"] == "S100"
+    assert response.json()["ffdl_code"] == "S100"
     missing_field = server.client.post(
         "/v1/models", files={"manifest": ("m.yml", manifest_yaml("true").encode())}
     )
     assert missing_field.status_code == 400
-    assert "model_definition" in missing_field.json()["error"]
+    assert "model_definition" in missing_field.json()["description"]
     assert _jobs_on_disk(server) == []
 
 
-def test_a_data_store_type_that_cannot_be_staged_is_refused(server: LiveServer) -> None:
+def test_an_object_store_without_its_secret_is_refused(server: LiveServer) -> None:
     manifest = manifest_yaml(
         "true",
         data_stores=[
@@ -74,7 +74,7 @@ def test_a_data_store_type_that_cannot_be_staged_is_refused(server: LiveServer) 
     )
     response = server.submit(manifest)
     assert response.status_code == 400
-    assert response.json()["detail"]["field"] == "data_stores[0].type"
+    assert response.json()["detail"]["field"] == "data_stores[0].connection.password"
     assert _jobs_on_disk(server) == []
 
 
@@ -82,14 +82,14 @@ def test_requests_without_a_valid_token_are_refused(server: LiveServer) -> None:
     assert httpx.get(f"{server.url}/v1/models").status_code == 401
     response = httpx.get(f"{server.url}/v1/models", headers={"Authorization": "Bearer nope"})
     assert response.status_code == 401
-    assert response.json()["code"] == "C103"
+    assert response.json()["ffdl_code"] == "C103"
     assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
 
 
 def test_unknown_model_is_404_json(server: LiveServer) -> None:
     response = server.client.get("/v1/models/training-missing")
     assert response.status_code == 404
-    assert set(response.json()) == {"error", "code", "detail"}
+    assert set(response.json()) == {"code", "error", "description", "ffdl_code", "detail"}
 
 
 def test_loglines_paging_follows_ffdl_rules(server: LiveServer) -> None:
@@ -100,10 +100,16 @@ def test_loglines_paging_follows_ffdl_rules(server: LiveServer) -> None:
     everything = server.loglines(job_id)
     first = server.loglines(job_id, pagesize=5)
     assert [i["meta"]["rindex"] for i in first] == [i["meta"]["rindex"] for i in everything[:5]]
-    tail = server.loglines(job_id, pos=-3)
+    tail = server.loglines(job_id, pos=-1, pagesize=3)
     assert [i["line"] for i in tail] == [i["line"] for i in everything[-3:]]
+    before_tail = server.loglines(job_id, pos=-4, pagesize=3)
+    assert [i["line"] for i in before_tail] == [i["line"] for i in everything[-6:-3]]
     later = server.loglines(job_id, pos=10, pagesize=2)
     assert [i["line"] for i in later] == [i["line"] for i in everything[10:12]]
+    counted_back = server.loglines(job_id, since_time="-5", pagesize=2)
+    assert [i["line"] for i in counted_back] == [i["line"] for i in everything[-5:-3]]
+    default = server.client.get(f"/v1/logs/{job_id}/loglines").json()["models"]
+    assert [i["line"] for i in default] == [i["line"] for i in everything[:10]]
     bad = server.client.get(f"/v1/logs/{job_id}/loglines", params={"pagesize": 0})
     assert bad.status_code == 400
 

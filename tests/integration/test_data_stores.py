@@ -45,18 +45,18 @@ def test_host_paths_outside_the_allow_list_are_refused(tmp_path: Path) -> None:
             return body
 
         body = refused(local_store("/etc"))
-        assert body["code"] == "C103"
+        assert body["ffdl_code"] == "C103"
         assert body["detail"]["field"] == "data_stores[0].connection.path"
-        assert "'/etc' is outside the allowed store paths" in body["error"]
+        assert "'/etc' is outside the allowed store paths" in body["description"]
         body = refused(local_store(tmp_path / "home"))  # the platform's own home included
-        assert body["code"] == "C103"
+        assert body["ffdl_code"] == "C103"
         body = refused(local_store(stores, training_data={"container": "../../x"}))
-        assert (body["code"], body["detail"]["field"]) == (
+        assert (body["ffdl_code"], body["detail"]["field"]) == (
             "C101",
             "data_stores[0].training_data.container",
         )
         body = refused(local_store(stores, training_data={"container": "escape"}))
-        assert (body["code"], body["detail"]["field"]) == (
+        assert (body["ffdl_code"], body["detail"]["field"]) == (
             "C103",
             "data_stores[0].training_data.container",
         )

@@ -75,7 +75,7 @@ def _starts(server: LiveServer, job_id: str) -> list[tuple[int, int, int]]:
 
 def _reported_steps(server: LiveServer, job_id: str) -> int:
     response = server.client.get(f"/v1/logs/{job_id}/emetrics", params={"pos": -1})
-    records = response.json()["records"]
+    records = response.json()["models"]
     return int(records[-1]["etimes"]["iteration"]["value"]) if records else 0
 
 
@@ -129,7 +129,7 @@ def test_scale_rejects_out_of_range_and_non_elastic(elastic_server: LiveServer) 
     assert bad.status_code == 400 and bad.json()["detail"]["field"] == "gpus"
     fixed = server.submit_ok(manifest_yaml("python -c 'pass'"))
     refused = server.client.patch(f"/v1/models/{fixed}", json={"gpus": 2})
-    assert refused.status_code == 400 and "not elastic" in refused.json()["error"]
+    assert refused.status_code == 400 and "not elastic" in refused.json()["description"]
     server.client.delete(f"/v1/models/{job_id}")
 
 

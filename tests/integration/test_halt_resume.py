@@ -60,7 +60,7 @@ def test_halt_then_resume_continues_step_and_loss(server: LiveServer) -> None:
     assert steps == list(range(1, 41)), "every step exactly once across halt and resume"
     assert lines[-1] == "finished" or "finished" in lines
     records = server.client.get(f"/v1/logs/{job_id}/emetrics", params={"pagesize": 1000})
-    iterations = [int(r["etimes"]["iteration"]["value"]) for r in records.json()["records"]]
+    iterations = [int(r["etimes"]["iteration"]["value"]) for r in records.json()["models"]]
     assert iterations == list(range(1, 41))
 
 
@@ -69,5 +69,5 @@ def test_resume_of_a_running_job_is_refused(server: LiveServer) -> None:
     server.wait_status(job_id, {"PROCESSING"})
     response = server.client.patch(f"/v1/models/{job_id}", json={"status": "resume"})
     assert response.status_code == 409
-    assert "only HALTED jobs resume" in response.json()["error"]
+    assert "only HALTED jobs resume" in response.json()["description"]
     server.client.delete(f"/v1/models/{job_id}")

@@ -62,7 +62,7 @@ def test_a_retried_submit_gets_the_same_job_and_a_changed_one_a_409(server: Live
     changed = post(server, key, manifest=manifest_yaml("true", gpus=0))
     assert changed.status_code == 409, changed.text
     assert changed.json()["detail"] == {"field": "Idempotency-Key", "model_id": job_id}
-    assert key in changed.json()["error"] and job_id in changed.json()["error"]
+    assert key in changed.json()["description"] and job_id in changed.json()["description"]
     other_code = post(server, key, archive=code_zip({"train.py": "print('bye')\n"}))
     assert other_code.status_code == 409, other_code.text
 
@@ -76,7 +76,7 @@ def test_keys_are_checked_and_belong_to_their_user(server: LiveServer) -> None:
     assert post(server, "k" * 201).status_code == 400
     refused = post(server, "k" * 201).json()
     assert refused["detail"] == {"field": "Idempotency-Key"}
-    assert "200" in refused["error"]
+    assert "200" in refused["description"]
     assert post(server, "k" * 200).status_code == 201
     assert post(server, "tab\tinside").status_code == 400
 

@@ -42,7 +42,7 @@ def test_job_completes_with_logs_metrics_and_trained_model(server: LiveServer) -
     user_lines = [line for line in lines if line.startswith(("step", "done"))]
     assert user_lines == [f"step {i} loss {1.0 / i:.4f}" for i in range(1, 6)] + ["done training"]
 
-    records = server.client.get(f"/v1/logs/{job_id}/emetrics").json()["records"]
+    records = server.client.get(f"/v1/logs/{job_id}/emetrics").json()["models"]
     assert [r["etimes"]["iteration"]["value"] for r in records] == ["1", "2", "3", "4", "5"]
     assert float(records[-1]["values"]["loss"]["value"]) == 0.2
 
@@ -62,27 +62,28 @@ def test_failing_command_fails_job_with_exit_code_and_last_lines(server: LiveSer
     status = model["training"]["training_status"]
     assert status["error_code"] == "C201"
     assert status["exit_code"] == 3
-    assert "boom: bad tensor shape" in status["status_description"]
+    assert "boom: bad tensor shape" in status["status_message"]
 
 
-def test_delete_while_processing_cancels_and_leaves_no_process(server: LiveServer) -> None:
+def test_delete_while_processing_cancels_then_removes_the_job(server: LiveServer) -> None:
     job_id = server.submit_ok(manifest_yaml("python loop.py"), {"loop.py": LONG_RUNNING})
     server.wait_status(job_id, {"PROCESSING"})
     results = Path(server.model(job_id)["results"]["location"])
     wait_for(lambda: (results / "pid").exists(), what="the command to start")
     pids = job_pids(job_id)
     assert pids
+    job_dir = server.home / "jobs" / job_id
+    controllers = [int(p.read_text()) for p in (job_dir / "learners").rglob("launched.pid")]
+    assert controllers
 
     response = server.client.delete(f"/v1/models/{job_id}")
     assert response.status_code == 200, response.text
-    assert response.json()["status"] == "CANCELLED"
-    assert server.status(job_id) == "CANCELLED"
+    assert response.json() == {"model_id": job_id, "status": "CANCELLED", "deleted": True}
+    assert server.client.get(f"/v1/models/{job_id}").status_code == 404
+    assert server.client.get(f"/v1/logs/{job_id}/loglines").status_code == 404
+    # No data store: the results were the platform's, in the job's directory, and go too.
+    assert not job_dir.exists() and not results.exists()
     wait_for(lambda: not job_pids(job_id), timeout=10, what="the job's processes to be gone")
-    controllers = [
-        int(p.read_text())
-        for p in (server.home / "jobs" / job_id / "learners").rglob("launched.pid")
-    ]
-    assert controllers
     wait_for(
         lambda: not any(pid_alive(pid) for pid in controllers),
         timeout=10,

@@ -81,8 +81,8 @@ def test_a_corrupt_archive_is_refused_at_submit_and_nothing_is_stored(
     before = server.client.get("/v1/models").json()["total"]
     response = _submit(server, poison(), server.token)  # type: ignore[operator]
     assert response.status_code == 400, response.text
-    assert response.json()["code"] == "C102"
-    assert "train.py" in response.json()["error"]
+    assert response.json()["ffdl_code"] == "C102"
+    assert "train.py" in response.json()["description"]
     assert server.client.get("/v1/models").json()["total"] == before
 
 

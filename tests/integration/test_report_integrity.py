@@ -45,7 +45,7 @@ def test_absurd_metrics_are_dropped_with_warnings_and_good_ones_arrive(
 ) -> None:
     job_id = server.submit_ok(manifest_yaml("python m.py", gpus=0), {"m.py": BAD_METRICS})
     server.wait_status(job_id, {"COMPLETED"})
-    records = server.client.get(f"/v1/logs/{job_id}/emetrics").json()["records"]
+    records = server.client.get(f"/v1/logs/{job_id}/emetrics").json()["models"]
     assert [r["etimes"]["iteration"]["value"] for r in records] == ["5"]
     assert records[0]["values"]["loss"]["value"] == "0.5"
     warnings = [
@@ -149,7 +149,7 @@ def test_forged_reports_cannot_mute_the_log_nor_reach_an_ended_job(server: LiveS
     assert f"[ffdl] dropped emetric (report item {seq + 1}): time out of range" in texts
     assert f"[ffdl] dropped emetric (report item {seq + 2}): value 'loss' is not finite" in texts
     assert f"[ffdl] dropped log (report item {seq + 4}): time out of range" in texts
-    records = server.client.get(f"/v1/logs/{job_id}/emetrics").json()["records"]
+    records = server.client.get(f"/v1/logs/{job_id}/emetrics").json()["models"]
     assert [r["etimes"]["iteration"]["value"] for r in records] == ["3"]
 
     # The real controller's lines still arrive after all this, and the job completes.

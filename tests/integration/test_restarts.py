@@ -147,8 +147,8 @@ def test_without_restarts_left_the_job_fails_with_the_last_cause(server: LiveSer
     model = server.wait_status(job_id, {"FAILED"}, timeout=60)
     status = model["training"]["training_status"]
     assert status["error_code"] == "C201" and status["exit_code"] == 2
-    assert status["status_description"].startswith("learner 1 exited with code 2")
-    assert "bad input: cannot go on" in status["status_description"]
+    assert status["status_message"].startswith("learner 1 exited with code 2")
+    assert "bad input: cannot go on" in status["status_message"]
 
     restarts = _restart_events(model)
     assert len(restarts) == 1 and restarts[0]["reason"].startswith("restart 1 of 1 after")
@@ -198,8 +198,8 @@ def test_halt_and_cancel_are_never_restarted(server: LiveServer) -> None:
 
     response = server.client.patch(f"/v1/models/{halted}", json={"status": "halt"})
     assert response.status_code == 202, response.text
-    response = server.client.delete(f"/v1/models/{cancelled}")
-    assert response.status_code == 200, response.text
+    response = server.client.patch(f"/v1/models/{cancelled}", json={"status": "cancel"})
+    assert response.status_code == 202, response.text
     server.wait_status(halted, {"HALTED"}, timeout=30)
     server.wait_status(cancelled, {"CANCELLED"}, timeout=30)
 

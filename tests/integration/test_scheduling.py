@@ -133,7 +133,7 @@ def test_preemption_checkpoints_requeues_and_the_victim_completes(cluster: LiveS
 
 def _metrics(server: LiveServer, job_id: str) -> list[dict[str, Any]]:
     response = server.client.get(f"/v1/logs/{job_id}/emetrics", params={"pagesize": 5000})
-    records: list[dict[str, Any]] = response.json()["records"]
+    records: list[dict[str, Any]] = response.json()["models"]
     return records
 
 

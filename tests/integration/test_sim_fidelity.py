@@ -98,9 +98,9 @@ def measure_overhead(server: LiveServer) -> float:
     """
     probe = {"learners": 2, "gpus": 2, "sleep": CALIBRATION_SLEEP_S, "priority": 100}
     ids = [server.submit_ok(manifest(probe, f"calibration-{i}")) for i in range(CALIBRATION_JOBS)]
-    first = server.model(ids[0])["training"]["training_status"]["submitted"]
+    first = server.model(ids[0])["training"]["training_status"]["submitted_at"]
     last = server.wait_status(ids[-1], {"COMPLETED"}, timeout=60)
-    ended = last["training"]["training_status"]["completed"]
+    ended = last["training"]["training_status"]["completed_at"]
     chain = stamp(ended) - stamp(first)
     return (chain - CALIBRATION_JOBS * CALIBRATION_SLEEP_S) / CALIBRATION_JOBS
 
@@ -122,8 +122,8 @@ def test_simulator_matches_the_platform_on_queued_gangs(tmp_path: Path) -> None:
         models: list[dict[str, Any]] = wait_for(all_done, timeout=90, interval=0.25, what="jobs")
 
     statuses = [m["training"]["training_status"] for m in models]
-    submitted = [stamp(s["submitted"]) for s in statuses]
-    completed = [stamp(s["completed"]) for s in statuses]
+    submitted = [stamp(s["submitted_at"]) for s in statuses]
+    completed = [stamp(s["completed_at"]) for s in statuses]
     origin = submitted[0]
     assert max(submitted) < min(completed), "every job must be queued before the first ends"
     placed = [

@@ -13,10 +13,9 @@ from ffdl.learner.metrics import (
     EMetric,
     EmetricsTailer,
     MetricOutOfRange,
-    compile_groups,
-    match_line,
     parse_emetrics_line,
 )
+from ffdl.learner.regex_metrics import LineMatcher, compile_groups, match_line
 
 from .test_recording_api import wait_until
 
@@ -264,3 +263,97 @@ def test_tailer_drops_a_line_too_long_to_hold(tmp_path: Path) -> None:
     assert problems == [
         f"line 2 in emetrics file {path} is longer than {MAX_LINE_BYTES} bytes; dropped"
     ]
+
+
+def test_typed_values_are_read_as_their_type_and_bad_ones_dropped_with_a_warning() -> None:
+    problems: list[str] = []
+    groups, _ = compile_groups(
+        {
+            "train": {
+                "regex": r"it=%{INT:it} acc=(?P<acc>\S+) n=(?P<n>\S+) tag=(?P<tag>\S+)",
+                "scalars": {
+                    "accuracy": {"type": "FLOAT", "value": "$acc"},
+                    "count": {"type": "INT", "value": "$n"},
+                    "label": {"type": "STRING", "value": "$tag"},
+                    "version": {"type": "INT", "value": "3"},
+                },
+                "etimes": {"iteration": {"type": "INT", "value": "$it"}},
+            }
+        }
+    )
+    (metric,) = match_line(groups, "it=12 acc=0.5 n=7 tag=0.25", problems.append)
+    assert metric == EMetric(
+        "train", 12, {"accuracy": 0.5, "count": 7, "label": 0.25, "version": 3}
+    )
+    assert problems == []
+    (metric,) = match_line(groups, "it=13 acc=high n=7.5 tag=best", problems.append)
+    assert metric.values == {"version": 3.0}
+    assert len(problems) == 3
+    assert "'accuracy'" in problems[0] and "'high' is not a finite FLOAT" in problems[0]
+    assert "'count'" in problems[1] and "'7.5' is not an INT" in problems[1]
+    assert "'label'" in problems[2] and "only numbers are stored" in problems[2]
+
+
+def test_line_lookahead_matches_a_regex_over_several_lines_once() -> None:
+    problems: list[str] = []
+    matcher = LineMatcher(
+        {
+            "test": {
+                "regex": r"Test net output #0: accuracy = %{FLOAT:acc}.*?loss = %{FLOAT:loss}",
+                "scalars": {"accuracy": "$acc", "loss": "$loss"},
+            }
+        },
+        line_lookahead=4,
+        on_problem=problems.append,
+    )
+    found = [
+        metric
+        for line in [
+            "Iteration 100, Testing net",
+            "Test net output #0: accuracy = 0.75",
+            "Test net output #1: loss = 0.5",
+            "Iteration 200",
+            "Test net output #1: loss = 0.25",
+        ]
+        for metric in matcher.feed(line)
+    ]
+    assert found == [EMetric("test", None, {"accuracy": 0.75, "loss": 0.5})]
+    assert matcher.matched == 1 and problems == []
+
+
+def test_without_lookahead_every_group_matches_each_line() -> None:
+    matcher = LineMatcher(
+        {
+            "loss": {"regex": r"loss=(?P<v>\S+)", "scalars": {"loss": "$v"}},
+            "acc": {"regex": r"acc=(?P<v>\S+)", "scalars": {"acc": "$v"}},
+        },
+        line_lookahead=None,
+        on_problem=lambda _: None,
+    )
+    assert [m.group for m in matcher.feed("loss=1 acc=0.5")] == ["loss", "acc"]
+    assert matcher.matched == 2
+
+
+def test_ffdl_evaluation_metrics_records_parse() -> None:
+    record = {
+        "meta": {"training_id": "training-1", "time": 1_700_000_000_500, "rindex": 3},
+        "grouplabel": "test",
+        "etimes": {
+            "iteration": {"type": "INT", "value": "20"},
+            "timestamp": {"type": "STRING", "value": "2023-11-14T22:13:20Z"},
+        },
+        "values": {
+            "accuracy": {"type": "FLOAT", "value": "0.875"},
+            "phase": {"type": "STRING", "value": "eval"},
+        },
+    }
+    assert parse_emetrics_line(json.dumps(record)) == EMetric(
+        group="test", iteration=20, values={"accuracy": 0.875}, time=1_700_000_000.5
+    )
+    record["values"] = {"phase": {"type": "STRING", "value": "eval"}}
+    with pytest.raises(ValueError, match=r"no numeric metric values \('phase': 'eval' is not"):
+        parse_emetrics_line(json.dumps(record))
+    record["values"] = {"loss": {"value": 0.5}}
+    record["etimes"] = {"iteration": {"type": "INT", "value": "x"}}
+    with pytest.raises(ValueError, match="etimes 'iteration': 'x' is not an INT"):
+        parse_emetrics_line(json.dumps(record))

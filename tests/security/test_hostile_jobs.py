@@ -294,7 +294,7 @@ def test_a_learner_over_its_memory_fails_with_its_limit(server: LiveServer) -> N
     job_id = server.submit_ok(manifest_yaml("python hog.py", memory="128MiB"), {"hog.py": script})
     model = server.wait_status(job_id, {"FAILED"}, timeout=60)
     status = model["training"]["training_status"]
-    assert "exceeded its memory limit of 128 MiB" in status["status_description"]
+    assert "exceeded its memory limit of 128 MiB" in status["status_message"]
     assert server.client.get("/health").status_code == 200
 
 

@@ -53,7 +53,14 @@ from schemathesis.specs.openapi.checks import (
     unsupported_method,
 )
 
-from tests.integration.live import LiveServer, code_zip, manifest_yaml, serving, wait_for
+from tests.integration.live import (
+    FAST_CONFIG,
+    LiveServer,
+    code_zip,
+    manifest_yaml,
+    serving,
+    wait_for,
+)
 
 MAX_EXAMPLES = 100
 SEED = 20261123
@@ -137,7 +144,9 @@ def _completed(client: httpx.Client, job_id: str) -> bool:
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
     home: Path = tmp_path_factory.mktemp("openapi") / "home"
-    with serving(LiveServer(home=home)) as server:
+    # Webhook URLs the fuzzer makes up may only lead to loopback, never out of this host.
+    config = {**FAST_CONFIG, "webhook_allowed_hosts": ["127.0.0.1"]}
+    with serving(LiveServer(home=home, config=config)) as server:
         admin = server.client
         assert admin.post("/v1/tenants", json={"id": TENANT}).status_code == 201
         created = admin.post(f"/v1/tenants/{TENANT}/users", json={"name": "member"})
@@ -250,12 +259,19 @@ def test_a_method_the_path_lacks_is_405_allowing_every_method_it_has(fuzzed: Fuz
         response = httpx.request(method, f"{fuzzed.server.url}{path}", headers=auth, timeout=30)
         assert response.status_code == 405, (method, path, response.text)
         assert response.headers["allow"] == allowed, (method, path)
-        assert response.json() == {"error": "Method Not Allowed", "code": "H405", "detail": None}
+        assert response.json() == {
+            "code": 405,
+            "error": "Method Not Allowed",
+            "description": "Method Not Allowed",
+            "ffdl_code": "H405",
+            "detail": None,
+        }
 
 
 def test_the_openapi_documents_the_error_body_and_never_a_422(fuzzed: Fuzzed) -> None:
     document = _openapi(fuzzed)
-    assert set(document["components"]["schemas"]["ErrorBody"]["required"]) == {"error", "code"}
+    required = set(document["components"]["schemas"]["ErrorBody"]["required"])
+    assert required == {"code", "error", "description", "ffdl_code"}
     assert "HTTPValidationError" not in document["components"]["schemas"]
     for path, item in document["paths"].items():
         for method, operation in item.items():
@@ -269,8 +285,13 @@ def test_the_openapi_documents_the_error_body_and_never_a_422(fuzzed: Fuzzed) ->
             if not path.startswith("/v1/"):
                 assert "security" not in operation, where
                 continue
-            scheme = "JobToken" if path.startswith("/v1/internal/") else "ApiToken"
-            assert operation["security"] == [{scheme: []}], where
+            # A user's route takes a token or HTTP Basic; a controller's, its job token.
+            schemes = (
+                [{"JobToken": []}]
+                if path.startswith("/v1/internal/")
+                else [{"ApiToken": []}, {"BasicAuth": []}]
+            )
+            assert operation["security"] == schemes, where
             assert "401" in responses, where
             queried = any(param["in"] == "query" for param in operation.get("parameters", []))
             if queried or "requestBody" in operation:
@@ -285,8 +306,10 @@ def test_streams_downloads_and_the_dashboard_have_their_media_types(fuzzed: Fuzz
         return set(paths[path]["get"]["responses"]["200"]["content"])
 
     assert media("/v1/models/{model_id}/events/stream") == {"text/event-stream"}
-    assert media("/v1/models/{model_id}/definition") == {"application/zip"}
-    assert media("/v1/models/{model_id}/trained_model") == {"application/zip"}
+    assert media("/v1/models/{model_id}/definition") == {"application/octet-stream"}
+    assert media("/v1/models/{model_id}/trained_model") == {"application/octet-stream"}
+    assert media("/v1/models/{model_id}/logs") == {"application/octet-stream"}
+    assert media("/v1/models/{model_id}/metrics") == {"application/octet-stream"}
     assert media("/") == {"text/html"}
     assert media("/static/{name}") >= {"text/html", "text/javascript", "text/css"}
     created = paths["/v1/models"]["post"]["responses"]["201"]

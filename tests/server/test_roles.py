@@ -30,6 +30,8 @@ ROLES = (MEMBER, TENANT_ADMIN, PLATFORM_ADMIN)
 
 CONFIG: dict[str, Any] = {
     **FAST_CONFIG,
+    # Webhooks registered by the matrix point at a closed port on loopback.
+    "webhook_allowed_hosts": ["127.0.0.1"],
     # node-spare takes no GPU job, so draining it in the matrix disturbs nothing.
     "nodes": [
         {"name": "node-a", "gpus": 4, "cpus": 16, "memory": "32GiB", "gpu_type": "cpu"},
@@ -140,6 +142,9 @@ class Op:
     target: str = "b_done"  # which World job fills {model_id} / {job_id}
 
 
+EVENT_ENDPOINT = "/v1/models/{model_id}/events/{event_type}/{endpoint_id}"
+
+
 def job_ops() -> list[Op]:
     mine = (201, 201, 201)
     hidden = (404, 404, 200)
@@ -156,8 +161,14 @@ def job_ops() -> list[Op]:
         Op("GET", "/v1/models/{model_id}/definition", hidden),
         Op("GET", "/v1/models/{model_id}/trained_model", hidden),
         Op("GET", "/v1/models/{model_id}/events/stream", hidden),
+        Op("GET", "/v1/models/{model_id}/logs", hidden),
+        Op("GET", "/v1/models/{model_id}/metrics", hidden),
         Op("GET", "/v1/logs/{model_id}/loglines", hidden),
         Op("GET", "/v1/logs/{model_id}/emetrics", hidden),
+        Op("POST", EVENT_ENDPOINT, hidden, {"url": "http://127.0.0.1:9/hook"}, target="b_live"),
+        Op("GET", "/v1/models/{model_id}/events/{event_type}", hidden, target="b_live"),
+        Op("GET", EVENT_ENDPOINT, (404, 404, 200), target="b_live"),
+        Op("DELETE", EVENT_ENDPOINT, (404, 404, 200), target="b_live"),
     ]
 
 
@@ -175,6 +186,9 @@ def admin_ops() -> list[Op]:
         Op("GET", "/v1/tokens", (200, 200, 200)),
         Op("POST", "/v1/tokens", (201, 201, 201), {"name": "matrix"}),
         Op("DELETE", "/v1/tokens/{token_id}", (404, 404, 200)),
+        Op("GET", "/v1/users", (403, 200, 200)),
+        Op("PUT", "/v1/users/{user_id}/password", (404, 404, 200), {"password": "matrix pw!"}),
+        Op("DELETE", "/v1/users/{user_id}/password", (404, 404, 200)),
         Op("GET", "/v1/audit", (403, 200, 200)),
         Op(
             "POST",
@@ -197,6 +211,9 @@ def concrete_path(op: Op, world: World) -> str:
         "name": "node-spare",
         "tenant_id": "team-b",
         "token_id": world.b_token,
+        "user_id": "team-b.bob",
+        "event_type": "update",
+        "endpoint_id": "matrix",
     }
     return op.path.format(**values)
 
@@ -239,9 +256,9 @@ def test_each_role_gets_what_it_may_on_another_tenants_resources(world: World, r
             failures.append(f"{op.method} {op.path}: {response.status_code} {response.text[:200]}")
         elif expected == 404:
             # The same answer as for a job that never existed: nothing leaks.
-            assert response.json()["code"] == "C404", response.text
+            assert response.json()["ffdl_code"] == "C404", response.text
         elif expected in (401, 403):
-            assert set(response.json()) == {"error", "code", "detail"}
+            assert set(response.json()) == {"code", "error", "description", "ffdl_code", "detail"}
     assert failures == [], f"{role} expected {[op.expect for op in MATRIX]}"
 
 
@@ -319,7 +336,7 @@ def test_tenant_admin_manages_only_its_own_tenant(world: World) -> None:
     assert [t["id"] for t in tim_tokens] == [member.json()["token_id"]]
     assert ada.delete(f"/v1/tokens/{tim_tokens[0]['id']}").status_code == 200
     refused = tim.get("/v1/models")
-    assert refused.status_code == 401 and refused.json()["code"] == "C103"
+    assert refused.status_code == 401 and refused.json()["ffdl_code"] == "C103"
     tim.close()
     # The platform admin's tokens are out of its reach even in its own tenant's terms.
     admin_tokens = world.clients[PLATFORM_ADMIN].get("/v1/tokens", params={"user": "admin"})
@@ -342,7 +359,7 @@ def test_out_of_range_quotas_and_long_names_are_400s_naming_the_field(world: Wor
             assert response.status_code == 400, (field_name, value, response.text)
             assert response.json()["detail"][0]["field"] == field_name
         created = admin.post("/v1/tenants", json={"id": "team-big", field_name: 2**63})
-        assert created.status_code == 400 and field_name in created.json()["error"]
+        assert created.status_code == 400 and field_name in created.json()["description"]
     long_name = admin.post("/v1/tenants", json={"id": "team-long", "name": "x" * 201})
     assert long_name.status_code == 400
     assert long_name.json()["detail"][0]["field"] == "name"

@@ -62,7 +62,7 @@ def test_create_list_and_revoke_a_token(live: LiveServer) -> None:
         revoked = live.client.delete(f"/v1/tokens/{token_id}")
         assert revoked.status_code == 200 and revoked.json()["revoked"] is True
         refused = ci.get("/v1/models")
-        assert refused.status_code == 401 and refused.json()["code"] == "C103"
+        assert refused.status_code == 401 and refused.json()["ffdl_code"] == "C103"
     assert live.client.delete(f"/v1/tokens/{token_id}").status_code == 404
     assert token_id not in live.client.get("/v1/tokens").text
     audit = live.client.get("/v1/audit", params={"action": "token.revoke"}).json()["events"]
@@ -81,7 +81,7 @@ def test_an_expired_token_is_refused_saying_it_expired(live: LiveServer) -> None
 
         response: httpx.Response = wait_for(refused, timeout=30, interval=0.2, what="expiry")
     body = response.json()
-    assert body["code"] == "C103" and "expired" in body["error"]
+    assert body["ffdl_code"] == "C103" and "expired" in body["description"]
     assert body["detail"]["reason"] == "expired"
     listed = live.client.get("/v1/tokens").json()["tokens"]
     assert next(t for t in listed if t["id"] == created.json()["id"])["expired"] is True

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import typer
 
-from ffdl.client.config import ClientConfig, resolve_client_config
+from ffdl.client.config import ClientConfig, client_for, resolve_client_config
 from ffdl.client.http import Client
 
 ClientFactory = Callable[[ClientConfig], Client]
 
 
 def default_client_factory(config: ClientConfig) -> Client:
-    return Client(config.url, config.token)
+    return client_for(config)
 
 
 @dataclass

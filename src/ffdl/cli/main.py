@@ -1,5 +1,9 @@
 """The ``ffdl`` command line: FfDL's verbs over the HTTP API, plus ``up`` and ``demo``.
 
+FfDL's verbs keep FfDL's flags and, where scripts parse them, FfDL's lines on stdout
+(``train``: ``Deploying ...``, ``Model ID: <id>``, ``OK``); what ffdl adds (warnings, retry
+notices, status) goes to stderr, after those lines. ``-h`` works as ``--help`` everywhere.
+
 Commands reach the server through ``CliContext.client()``; tests pass their own
 ``CliContext(client_factory=...)`` as the Typer context object to run every command against a
 fake transport. ``FfdlGroup`` turns any ``FfdlError`` into one red line and exit code 1.
@@ -27,15 +31,16 @@ from ffdl.cli.cluster import (
 )
 from ffdl.cli.context import CliContext, ClientFactory, client_of, state_of
 from ffdl.cli.demo import demo_command
-from ffdl.cli.render import error_text, log_text, model_panel, models_table, status_change_text
+from ffdl.cli.init_template import init_command
+from ffdl.cli.records import emetrics_command, follow_lines, loglines_command, logs_command
+from ffdl.cli.render import error_text, model_panel, models_table, status_change_text
 from ffdl.cli.simulate import simulate_command
 from ffdl.cli.tokens import audit_command, token_app
+from ffdl.cli.users import user_app
 from ffdl.client.config import ConfigError
-from ffdl.client.http import ApiError, Client
+from ffdl.client.http import ApiError
 from ffdl.client.settings import ClientSettings
 from ffdl.core.errors import FfdlError
-
-LOG_PAGE_SIZE = 500
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -62,7 +67,22 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Click hands these down to every subcommand and sub-group.
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _client_version() -> str:
+    try:
+        return package_version("ffdl")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"ffdl {_client_version()}")
+        raise typer.Exit()
 
 
 @app.callback()
@@ -74,6 +94,12 @@ def _root(
     token: Annotated[
         str | None, typer.Option("--token", help="API token (default: from FFDL_TOKEN/config).")
     ] = None,
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the client version."
+        ),
+    ] = False,
 ) -> None:
     state = state_of(ctx)
     state.url = url or state.url
@@ -87,18 +113,6 @@ def _model_status(model: dict[str, Any]) -> str:
     training = model.get("training") or {}
     status = (training.get("training_status") or {}).get("status")
     return str(status or "UNKNOWN")
-
-
-def _follow(client: Client, model_id: str, *, show_status: bool) -> str:
-    """Print the job's log lines (and status changes) until it ends; its final status."""
-    for event in client.follow(model_id):
-        if event.kind == "log":
-            typer.echo(str(event.data.get("line", "")))
-        elif event.kind == "status" and show_status:
-            console.print(status_change_text(event.data), soft_wrap=True)
-        elif event.kind == "end":
-            return str(event.data.get("status") or "UNKNOWN")
-    return "UNKNOWN"
 
 
 @app.command()
@@ -129,6 +143,13 @@ def up(
     )
 
 
+def deploying_line(manifest: Path, code: Path) -> str:
+    """FfDL's first line of ``train``, naming the manifest and the model code."""
+    if code.is_dir():
+        return f"Deploying model with manifest '{manifest.name}' and model files in '{code}'..."
+    return f"Deploying model with manifest '{manifest.name}' and model file '{code}'..."
+
+
 @app.command()
 def train(
     ctx: typer.Context,
@@ -141,7 +162,10 @@ def train(
     ] = False,
 ) -> None:
     """Submit a training job (retried with the same idempotency key if the server is away,
-    so a retry never makes a second job)."""
+    so a retry never makes a second job).
+
+    Prints FfDL's lines on stdout (``Model ID: <id>`` then ``OK``); warnings follow on stderr.
+    """
 
     def retrying(error: ApiError, delay: float) -> None:
         err_console.print(
@@ -149,14 +173,18 @@ def train(
         )
 
     with client_of(ctx) as client:
+        typer.echo(deploying_line(manifest, code))
         created = client.submit(manifest, code, on_retry=retrying)
         model_id = str(created.get("model_id"))
+        # FfDL's scripts take the third field of the "Model ID" line, and notebooks the
+        # second line of the output: these lines come first, alone, on stdout.
+        typer.echo(f"Model ID: {model_id}")
+        typer.echo("OK")
         for warning in created.get("warnings") or []:
             err_console.print(Text(f"Warning: {warning}", style="yellow"), soft_wrap=True)
-        typer.echo(f"Model ID: {model_id}")
         if not follow:
             return
-        final = _follow(client, model_id, show_status=True)
+        final = follow_lines(client, model_id, on_status=True)
     console.print(status_change_text({"status": final, "reason": "job ended"}), soft_wrap=True)
     if final == "FAILED":
         raise typer.Exit(1)
@@ -196,67 +224,6 @@ def show(
 
 
 @app.command()
-def logs(
-    ctx: typer.Context,
-    model_id: ModelId,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Follow until the end.")] = False,
-) -> None:
-    """Print a job's log lines."""
-    with client_of(ctx) as client:
-        if follow:
-            final = _follow(client, model_id, show_status=False)
-            err_console.print(status_change_text({"status": final}), soft_wrap=True)
-            return
-        pos = 0
-        while True:
-            page = client.loglines(model_id, pagesize=LOG_PAGE_SIZE, pos=pos)
-            for item in page:
-                typer.echo(log_text(item).plain)
-            if len(page) < LOG_PAGE_SIZE:
-                return
-            pos += len(page)
-
-
-SinceTime = Annotated[
-    str | None, typer.Option("--since-time", help="ISO 8601 time or epoch milliseconds.")
-]
-PageSize = Annotated[int | None, typer.Option("--pagesize", help="Records per page.")]
-Pos = Annotated[
-    int | None, typer.Option("--pos", help="Offset from the start (>= 0) or the end (< 0).")
-]
-
-
-@app.command()
-def loglines(
-    ctx: typer.Context,
-    model_id: ModelId,
-    since_time: SinceTime = None,
-    pagesize: PageSize = None,
-    pos: Pos = None,
-) -> None:
-    """Print a job's log records as JSON, one per line."""
-    with client_of(ctx) as client:
-        lines = client.loglines(model_id, since_time=since_time, pagesize=pagesize, pos=pos)
-    for item in lines:
-        typer.echo(json.dumps(item))
-
-
-@app.command()
-def emetrics(
-    ctx: typer.Context,
-    model_id: ModelId,
-    since_time: SinceTime = None,
-    pagesize: PageSize = None,
-    pos: Pos = None,
-) -> None:
-    """Print a job's evaluation metrics as JSON, one record per line."""
-    with client_of(ctx) as client:
-        records = client.emetrics(model_id, since_time=since_time, pagesize=pagesize, pos=pos)
-    for record in records:
-        typer.echo(json.dumps(record))
-
-
-@app.command()
 def halt(ctx: typer.Context, model_id: ModelId) -> None:
     """Halt a job; it keeps its place and can be resumed."""
     with client_of(ctx) as client:
@@ -269,6 +236,14 @@ def resume(ctx: typer.Context, model_id: ModelId) -> None:
     """Resume a halted or failed job from its last checkpoint."""
     with client_of(ctx) as client:
         model = client.resume(model_id)
+    typer.echo(f"{model_id}: {_model_status(model)}")
+
+
+@app.command()
+def cancel(ctx: typer.Context, model_id: ModelId) -> None:
+    """Stop a job for good and keep its record (delete removes it)."""
+    with client_of(ctx) as client:
+        model = client.cancel(model_id)
     typer.echo(f"{model_id}: {_model_status(model)}")
 
 
@@ -317,31 +292,45 @@ def download(
     ctx: typer.Context,
     model_id: ModelId,
     trained_model: Annotated[
-        bool, typer.Option("--trained-model", help="The trained model (results).")
+        bool,
+        typer.Option(
+            "--trained-model", help="The trained model (default file: ID-trained-model.zip)."
+        ),
+    ] = False,
+    trainedmodel: Annotated[
+        bool,
+        typer.Option(
+            "--trainedmodel", help="The trained model (default file: ID-trainedmodel.zip)."
+        ),
     ] = False,
     definition: Annotated[
-        bool, typer.Option("--definition", help="The submitted model definition.")
+        bool,
+        typer.Option(
+            "--definition", help="The submitted model definition (default: ID-definition.zip)."
+        ),
     ] = False,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--filename", "--output", "-o", help="File to write.")
+    ] = None,
 ) -> None:
     """Download a job's trained model or its model definition as a zip."""
-    if trained_model == definition:
-        raise typer.BadParameter("give exactly one of --trained-model or --definition")
-    kind = "trained-model" if trained_model else "definition"
+    if (trained_model or trainedmodel) == definition:
+        raise typer.BadParameter(
+            "give exactly one of --trainedmodel (or --trained-model) and --definition"
+        )
+    # Each spelling keeps its own CLI's default name: FfDL's --trainedmodel wrote
+    # ID-trainedmodel.zip, ffdl's --trained-model writes ID-trained-model.zip.
+    kind = "definition" if definition else "trained-model" if trained_model else "trainedmodel"
     dest = output or Path(f"{model_id}-{kind}.zip")
     with client_of(ctx) as client:
-        if trained_model:
-            client.download_trained_model(model_id, dest)
-        else:
+        if definition:
+            typer.echo(f"Getting model definition for '{model_id}'...")
             client.download_definition(model_id, dest)
-    typer.echo(f"Saved {kind} of {model_id} to {dest}")
-
-
-def _client_version() -> str:
-    try:
-        return package_version("ffdl")
-    except PackageNotFoundError:
-        return "unknown"
+        else:
+            typer.echo(f"Getting trained model for '{model_id}'...")
+            client.download_trained_model(model_id, dest)
+    typer.echo(f"Downloaded file: {dest}")
+    typer.echo("OK")
 
 
 @app.command()
@@ -358,6 +347,10 @@ def version(ctx: typer.Context) -> None:
         err_console.print(Text(f"server: {exc.message}", style="yellow"), soft_wrap=True)
 
 
+app.command("init")(init_command)
+app.command("logs")(logs_command)
+app.command("loglines")(loglines_command)
+app.command("emetrics")(emetrics_command)
 app.command("demo")(demo_command)
 app.command("nodes")(nodes_command)
 app.command("queue")(queue_command)
@@ -367,6 +360,7 @@ app.command("undrain")(undrain_command)
 app.command("audit")(audit_command)
 app.add_typer(tenant_app, name="tenant")
 app.add_typer(token_app, name="token")
+app.add_typer(user_app, name="user")
 
 __all__ = ["CliContext", "ClientFactory", "app", "main"]
 

@@ -1,13 +1,16 @@
-"""How the CLI shows things: rich tables, panels and the one-line texts of statuses and logs.
+"""How the CLI shows things: rich tables, panels and the one-line texts of statuses and logs,
+and the plain-text and JSON-line forms FfDL's CLI printed records in (``loglines``,
+``emetrics``, ``logs --metrics``), which scripts read.
 
-Every function takes the API's JSON shapes and tolerates missing keys, so a server that sends
-less than the contract still renders.
+Every function takes the API's JSON shapes and tolerates missing keys (and FfDL's int64
+fields sent as strings), so a server that sends less than the contract still renders.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -82,7 +85,10 @@ def models_table(models: Sequence[dict[str, Any]], total: int | None = None) -> 
             _text(model.get("model_id")),
             _text(model.get("name")),
             status_cell(status),
-            format_time(_dig(training, "training_status", "submitted")),
+            format_time(
+                _dig(training, "training_status", "submitted_at")
+                or _dig(training, "training_status", "submitted")
+            ),
             _text(model.get("priority")),
             f"{_text(training.get('learners'))}{TIMES}{_text(training.get('gpus'))}",
         )
@@ -182,7 +188,7 @@ def model_panel(model: dict[str, Any]) -> Panel:
 
     fact("Name", _text(model.get("name")))
     fact("Status", status_cell(status))
-    fact("Reason", status_info.get("status_description"))
+    fact("Reason", status_info.get("status_message") or status_info.get("status_description"))
     if status_info.get("error_code") or status_info.get("exit_code") not in (None, 0):
         fact(
             "Error",
@@ -199,9 +205,13 @@ def model_panel(model: dict[str, Any]) -> Panel:
     )
     fact("Priority", _text(model.get("priority")))
     fact("Owner", f"{_text(model.get('user'))} ({_text(model.get('tenant'))})")
-    fact("Submitted", format_time(status_info.get("submitted")))
-    fact("Started", format_time(status_info.get("started")))
-    fact("Completed", format_time(status_info.get("completed")))
+    # ISO 8601 ``*_at`` (FfDL's ``submitted``/``completed`` are epoch milliseconds).
+    for label, key in (
+        ("Submitted", "submitted"),
+        ("Started", "started"),
+        ("Completed", "completed"),
+    ):
+        fact(label, format_time(status_info.get(f"{key}_at") or status_info.get(key)))
     fact("Queue", _queue_text(model.get("queue")))
     fact("Placement", _placement_text(model.get("placement")))
     fact("Learners", _learners_text(model.get("learners")))
@@ -257,3 +267,105 @@ def demo_summary_panel(
     facts.add_row("API docs", docs_url)
     style = "green" if status == "COMPLETED" else "red"
     return Panel(facts, title="[bold]ffdl demo[/bold]", title_align="left", border_style=style)
+
+
+# -- FfDL's plain-text record formats (``loglines``, ``emetrics``, ``logs --metrics``) ------
+
+
+def json_line(data: Any) -> str:
+    """One record as compact JSON on one line, as FfDL's CLI marshalled it."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def _int_or_none(value: Any) -> int | None:
+    # FfDL's spec types int64 fields as strings on the wire; accept both spellings.
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _any_value(value: Any) -> Any:
+    """The value of FfDL's typed ``{"type": ..., "value": ...}``, or the value itself."""
+    return value.get("value") if isinstance(value, dict) else value
+
+
+def _number(value: Any) -> Any:
+    """A metric value as a JSON number when it is one, else as given."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    try:
+        number = float(str(value))
+    except (TypeError, ValueError):
+        return value
+    return int(number) if number.is_integer() and "." not in str(value) else number
+
+
+def record_time_ms(record: dict[str, Any]) -> int | None:
+    """Epoch milliseconds of a log or metric record (``meta.time``)."""
+    return _int_or_none(_dig(record, "meta", "time"))
+
+
+def record_rindex(record: dict[str, Any]) -> int | None:
+    return _int_or_none(_dig(record, "meta", "rindex"))
+
+
+def logline_line(item: dict[str, Any]) -> str:
+    """``RINDEX TIME LINE``: FfDL's ``loglines`` output without ``--json``."""
+    rindex = record_rindex(item)
+    millis = record_time_ms(item)
+    return f"{_text(rindex, '0')} {_text(millis, '0')} {item.get('line', '')}"
+
+
+def _typed_pairs(values: Any) -> str:
+    if not isinstance(values, dict):
+        return ""
+    return ", ".join(f"{name}: {_any_value(values[name])}" for name in sorted(values))
+
+
+def emetrics_lines(record: dict[str, Any]) -> list[str]:
+    """FfDL's three-line ``emetrics`` output of one record without ``--json``."""
+    return [
+        f"time: {_text(record_time_ms(record), '0')}, "
+        f"group-label: {record.get('grouplabel') or ''}, "
+        f"training-id: {_dig(record, 'meta', 'training_id') or ''}",
+        f"    etimes: {_typed_pairs(record.get('etimes'))}",
+        f"    values: {_typed_pairs(record.get('values'))}",
+    ]
+
+
+def metric_data(record: dict[str, Any]) -> dict[str, Any]:
+    """An emetrics record in the shape of FfDL's ``MetricData`` (``logs --metrics --json``).
+
+    ``type`` is the group label, ``timestamp`` the record's time as
+    ``yyyy-MM-ddTHH:mm:ss.SSSZ``, ``iteration`` the ``iteration`` etime and ``Values`` (FfDL's
+    capital V) the metric values as numbers.
+    """
+    millis = record_time_ms(record)
+    stamp = ""
+    if millis is not None and millis >= 0:
+        moment = datetime.fromtimestamp(millis / 1000.0, tz=UTC)
+        stamp = moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis % 1000:03d}Z"
+    etimes = record.get("etimes") if isinstance(record.get("etimes"), dict) else {}
+    iteration = _int_or_none(_any_value((etimes or {}).get("iteration")))
+    values = record.get("values") if isinstance(record.get("values"), dict) else {}
+    return {
+        "type": str(record.get("grouplabel") or ""),
+        "timestamp": stamp,
+        "iteration": iteration if iteration is not None else 0,
+        "Values": {str(k): _number(_any_value(v)) for k, v in (values or {}).items()},
+    }
+
+
+def metric_data_line(data: dict[str, Any]) -> str:
+    """FfDL's ``logs --metrics`` text: timestamp, type and iteration, then each value."""
+    head = (
+        f"Timestamp: {data.get('timestamp', ''):<12} "
+        f"Type: {data.get('type', ''):<8} "
+        f"Iteration: {data.get('iteration', 0)!s:<7}"
+    )
+    values = data.get("Values") or {}
+    tail = "".join(f"{name}: {values[name]!s:<12}" for name in sorted(values))
+    return (head + tail).rstrip()

@@ -1,17 +1,30 @@
-"""Resolving which ffdl server the client talks to, and with which token.
+"""Resolving which ffdl server the client talks to, and with which credentials.
 
-Precedence, highest first: explicit ``--url``/``--token`` options, ``FFDL_URL``/``FFDL_TOKEN``,
-the ``client.json`` named by ``FFDL_CONFIG``, ``<home>/client.json``. Each of URL and token is
-resolved on its own, so ``FFDL_TOKEN`` alone works against the default URL.
+Precedence, highest first, each of URL and credentials resolved on its own (so ``FFDL_TOKEN``
+alone works against the default URL):
+
+- URL: ``--url``, ``FFDL_URL``, FfDL's ``DLAAS_URL``, the config file's ``url``, the default;
+- credentials: ``--token``, ``FFDL_TOKEN``, FfDL's ``DLAAS_USERNAME``/``DLAAS_PASSWORD`` (or
+  ``user:password@`` in ``DLAAS_URL``, which wins over them as in FfDL's CLI) sent as HTTP
+  Basic, the config file's ``token``.
+
+The config file is the one ``FFDL_CONFIG`` names, else ``<home>/client.json``. Its token
+belongs to its own server: it is never sent to a ``DLAAS_URL``, which needs credentials of
+its own. So FfDL users' scripts with ``DLAAS_*`` work unchanged even on a machine whose
+``~/.ffdl/client.json`` points elsewhere.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
+import httpx
+
+from ffdl.client.http import Client
 from ffdl.client.settings import ClientSettings
 from ffdl.core.errors import FfdlError
 
@@ -31,6 +44,51 @@ class ConfigError(FfdlError):
 class ClientConfig:
     url: str
     token: str | None
+    # HTTP Basic credentials (FfDL's DLAAS_USERNAME/DLAAS_PASSWORD), used when no token is.
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def auth(self) -> httpx.Auth | None:
+        """The HTTP Basic auth of these credentials, when they are what the client sends."""
+        if self.token or self.username is None or self.password is None:
+            return None
+        return httpx.BasicAuth(self.username, self.password)
+
+
+@dataclass(frozen=True, slots=True)
+class _Dlaas:
+    """FfDL's ``DLAAS_*`` variables: a URL, and Basic credentials if both halves are set."""
+
+    url: str | None
+    username: str | None
+    password: str | None
+
+    @property
+    def credentials(self) -> bool:
+        return self.username is not None or self.password is not None
+
+
+def _dlaas(settings: ClientSettings) -> _Dlaas:
+    username, password = settings.dlaas_username, settings.dlaas_password
+    url = settings.dlaas_url
+    if url:
+        if "://" not in url:
+            url = "http://" + url  # FfDL's CLI took a URL without a scheme as http
+        parts = urlsplit(url)
+        if parts.username is not None:
+            username = unquote(parts.username)
+            password = unquote(parts.password or "")
+            host = parts.netloc.rpartition("@")[2]
+            url = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return _Dlaas(url=url, username=username, password=password)
+
+
+def _basic(dlaas: _Dlaas) -> tuple[str, str]:
+    if dlaas.username is None:
+        raise ConfigError("DLAAS_PASSWORD is set but DLAAS_USERNAME is not: set both")
+    if dlaas.password is None:
+        raise ConfigError("DLAAS_USERNAME is set but DLAAS_PASSWORD is not: set both")
+    return dlaas.username, dlaas.password
 
 
 def read_client_file(path: Path) -> dict[str, str]:
@@ -71,10 +129,28 @@ def resolve_client_config(
     token: str | None = None,
     settings: ClientSettings | None = None,
 ) -> ClientConfig:
-    """The server URL and token to use; raises ``ConfigError`` when nothing is configured."""
+    """The server URL and credentials to use; ``ConfigError`` when nothing is configured."""
     settings = settings if settings is not None else ClientSettings()
+    dlaas = _dlaas(settings)
     resolved_url = url or settings.url
     resolved_token = token or settings.token
+    if resolved_token is None and dlaas.credentials:
+        username, password = _basic(dlaas)
+        if not resolved_url and not dlaas.url:
+            resolved_url = (_file_values(settings) or {}).get("url")
+        return ClientConfig(
+            url=(resolved_url or dlaas.url or DEFAULT_URL).rstrip("/"),
+            token=None,
+            username=username,
+            password=password,
+        )
+    if not resolved_url and dlaas.url:
+        if resolved_token is None:
+            raise ConfigError(
+                "DLAAS_URL is set but DLAAS_USERNAME and DLAAS_PASSWORD are not: set them "
+                "(a user's name and the password an admin gave it), or FFDL_TOKEN"
+            )
+        return ClientConfig(url=dlaas.url.rstrip("/"), token=resolved_token)
     if resolved_url and resolved_token:
         return ClientConfig(url=resolved_url.rstrip("/"), token=resolved_token)
     from_file = _file_values(settings)
@@ -84,3 +160,13 @@ def resolve_client_config(
     resolved_url = resolved_url or from_file.get("url") or DEFAULT_URL
     resolved_token = resolved_token or from_file.get("token")
     return ClientConfig(url=resolved_url.rstrip("/"), token=resolved_token)
+
+
+def client_for(config: ClientConfig, **options: Any) -> Client:
+    """A ``Client`` for ``config``: its bearer token, or its HTTP Basic credentials."""
+    return Client(config.url, config.token, auth=config.auth(), **options)
+
+
+def connect(url: str | None = None, token: str | None = None, **options: Any) -> Client:
+    """A ``Client`` configured as the CLI's: options, ``FFDL_*``, ``DLAAS_*``, config file."""
+    return client_for(resolve_client_config(url, token), **options)

@@ -1,8 +1,9 @@
 """The typed HTTP client of the ffdl API: requests, error mapping, downloads and event streams.
 
-Every failure reaches the caller as ``ApiError``: the server's ``{"error", "code", "detail"}``
-bodies keep their code, and a server that cannot be reached becomes an ``ApiError`` that names
-its URL, so callers never have to handle ``httpx`` exceptions.
+Every failure reaches the caller as ``ApiError``: the server's error bodies (FfDL's
+``{"code": <status>, "error", "description"}`` with ffdl's ``ffdl_code`` and ``detail``) keep
+their ffdl code, and a server that cannot be reached becomes an ``ApiError`` that names its
+URL, so callers never have to handle ``httpx`` exceptions.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class ApiError(FfdlError):
     def __init__(self, status: int, code: str, message: str, detail: Any = None) -> None:
         super().__init__(message, code=code, detail=detail)
         self.status = status
+        self.http_status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +62,16 @@ def error_from_response(response: httpx.Response) -> ApiError:
     except ValueError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), str):
-        return ApiError(
-            status, str(body.get("code") or fallback_code), body["error"], body.get("detail")
-        )
+        # FfDL's shape: ``description`` is the message (``error`` only the status phrase) and
+        # ``code`` the HTTP status; ffdl adds its own code as ``ffdl_code``. Older ffdl servers
+        # sent the message as ``error`` and their code as ``code``.
+        description = body.get("description")
+        message = description if isinstance(description, str) and description else body["error"]
+        code = body.get("ffdl_code")
+        if not isinstance(code, str) or not code:
+            legacy = body.get("code")
+            code = legacy if isinstance(legacy, str) and legacy else fallback_code
+        return ApiError(status, code, message, body.get("detail"))
     if isinstance(body, dict) and "detail" in body:
         # The web framework's own rejections (e.g. request validation) carry only ``detail``.
         detail = body["detail"]
@@ -117,8 +126,15 @@ def _log_rindex(data: dict[str, Any]) -> int | None:
         return None
 
 
+def _page_items(body: dict[str, Any], legacy_key: str) -> list[dict[str, Any]]:
+    """The items of a loglines/emetrics page: FfDL's ``models`` (``legacy_key`` from older
+    ffdl servers)."""
+    items = body.get("models", body.get(legacy_key))
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
+
 class Client:
-    """A connection to one ffdl server, authenticated with a bearer token."""
+    """A connection to one ffdl server, authenticated with a bearer token or ``auth``."""
 
     def __init__(
         self,
@@ -127,14 +143,20 @@ class Client:
         *,
         transport: httpx.BaseTransport | None = None,
         timeout: float = 30.0,
+        auth: httpx.Auth | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        # ``auth`` (e.g. HTTP Basic from FfDL's DLAAS_USERNAME/DLAAS_PASSWORD) when no token.
         self._http = httpx.Client(
-            base_url=self.url, headers=headers, transport=transport, timeout=timeout
+            base_url=self.url,
+            headers=headers,
+            transport=transport,
+            timeout=timeout,
+            auth=None if token else auth,
         )
 
     def close(self) -> None:
@@ -266,6 +288,10 @@ class Client:
     def resume(self, model_id: str) -> dict[str, Any]:
         return self._patch(model_id, {"status": "resume"})
 
+    def cancel(self, model_id: str) -> dict[str, Any]:
+        """Stop a job for good and keep its record (``delete`` removes it)."""
+        return self._patch(model_id, {"status": "cancel"})
+
     def set_priority(self, model_id: str, priority: int) -> dict[str, Any]:
         return self._patch(model_id, {"priority": priority})
 
@@ -306,6 +332,20 @@ class Client:
     def create_user(self, tenant_id: str, name: str, *, role: str = "member") -> dict[str, Any]:
         path = f"/v1/tenants/{quote(tenant_id, safe='')}/users"
         return self._json("POST", path, json={"name": name, "role": role})
+
+    def users(self, tenant: str | None = None) -> dict[str, Any]:
+        """Users the caller administers, with their role and whether they have a password."""
+        return self._json("GET", "/v1/users", params={"tenant": tenant} if tenant else {})
+
+    def set_password(
+        self, user: str, password: str, *, current_password: str | None = None
+    ) -> dict[str, Any]:
+        """Set ``user``'s HTTP Basic password; your own needs ``current_password`` if set."""
+        body = {"password": password, "current_password": current_password}
+        return self._json("PUT", f"/v1/users/{quote(user, safe='')}/password", json=body)
+
+    def remove_password(self, user: str) -> dict[str, Any]:
+        return self._json("DELETE", f"/v1/users/{quote(user, safe='')}/password")
 
     def tokens(self, user: str | None = None) -> dict[str, Any]:
         """The tokens the caller manages (its own; an admin's also its users')."""
@@ -380,8 +420,7 @@ class Client:
         """Log lines of a job; ``pos`` < 0 counts from the end."""
         path = f"/v1/logs/{quote(model_id, safe='')}/loglines"
         body = self._json("GET", path, params=self._log_params(since_time, pagesize, pos))
-        lines = body.get("lines")
-        return lines if isinstance(lines, list) else []
+        return _page_items(body, "lines")
 
     def emetrics(
         self,
@@ -393,8 +432,7 @@ class Client:
         """Evaluation-metric records of a job; ``pos`` < 0 counts from the end."""
         path = f"/v1/logs/{quote(model_id, safe='')}/emetrics"
         body = self._json("GET", path, params=self._log_params(since_time, pagesize, pos))
-        records = body.get("records")
-        return records if isinstance(records, list) else []
+        return _page_items(body, "records")
 
     def follow(
         self,

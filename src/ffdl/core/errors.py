@@ -15,13 +15,38 @@
     ├── Gone (410)                 a report for a learner attempt that was superseded
     └── PayloadTooLarge (413)      an upload over the configured limits
 
-The API renders each as ``{"error": message, "code": code, "detail": detail}`` with its
-HTTP status; nothing else leaks to a client.
+The API renders each with its HTTP status in FfDL's error shape, plus ffdl's own code and
+detail (:func:`error_body`); nothing else leaks to a client::
+
+    {"code": 404, "error": "Not Found", "description": "Model not found: ...",
+     "ffdl_code": "C404", "detail": null}
 """
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
+
+
+def status_phrase(status: int) -> str:
+    """The HTTP reason phrase of ``status`` (FfDL's short ``error`` text)."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def error_body(status: int, description: str, ffdl_code: str, detail: Any = None) -> dict[str, Any]:
+    """An error answer as FfDL's clients decode it (``code`` is the HTTP status, an integer;
+    ``error`` its phrase; ``description`` the message for people), with ffdl's stable code in
+    ``ffdl_code`` and the machine-readable ``detail``."""
+    return {
+        "code": status,
+        "error": status_phrase(status),
+        "description": description,
+        "ffdl_code": ffdl_code,
+        "detail": detail,
+    }
 
 
 class FfdlError(Exception):
@@ -29,6 +54,8 @@ class FfdlError(Exception):
 
     http_status = 500
     default_code = "E500"
+    # Extra HTTP headers of the response, e.g. the ``WWW-Authenticate`` challenge of a 401.
+    headers: dict[str, str] | None = None
 
     def __init__(self, message: str, *, code: str | None = None, detail: Any = None) -> None:
         super().__init__(message)
@@ -37,7 +64,7 @@ class FfdlError(Exception):
         self.detail = detail
 
     def to_json(self) -> dict[str, Any]:
-        return {"error": self.message, "code": self.code, "detail": self.detail}
+        return error_body(self.http_status, self.message, self.code, self.detail)
 
 
 class BadRequest(FfdlError):

@@ -9,6 +9,7 @@ memory and storage in MiB, durations in seconds; ``to_dict``/``from_dict`` store
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
@@ -29,17 +30,19 @@ from ffdl.core.manifest_fields import (
     RESOURCE_SPEC_CODE,
     as_manifest_error,
     code_for,
-    compiles,
     group_names,
     integer_field,
     invalid,
     list_or_empty,
+    metric_regex,
+    metric_value_type,
     one_of,
     placement_shape,
     positive_number,
     safe_container,
     string_map,
     text_field,
+    typed_values,
 )
 from ffdl.core.manifest_text import (
     MANIFEST_CODE,
@@ -49,9 +52,11 @@ from ffdl.core.manifest_text import (
     check_value_count,
     load_document,
 )
+from ffdl.core.metric_regex import compile_metric_regex
 from ffdl.core.redact import REDACTED, is_secret_key, redact_secrets
 from ffdl.core.resources import Resources
 from ffdl.core.units import describe_value, parse_duration_s, parse_size_mb
+from ffdl.storage.connection import ConnectionFieldError, S3Connection
 
 __all__ = [
     "MANIFEST_CODE",
@@ -78,9 +83,17 @@ MAX_DESCRIPTION_LENGTH = 4000
 MAX_LABEL_LENGTH = 200
 MAX_COMMAND_LENGTH = 64 * 1024
 MAX_CONTAINER_LENGTH = 1024
+# FfDL matched a regex over a window of this many lines at most; more is a memory risk.
+MAX_LINE_LOOKAHEAD = 1000
 
-DATA_STORE_TYPES = ("local", "mount_volume", "s3")
-_FFDL_STORE_TYPES = {"s3_datastore": "s3", "mount_cos": "s3"}
+# The type a user wrote is kept as written (lower-cased): errors and the REST view name it.
+OBJECT_STORE_TYPES = ("s3_datastore", "mount_cos", "s3")
+DATA_STORE_TYPES = ("local", "mount_volume", *OBJECT_STORE_TYPES)
+# FfDL's Swift-based stores: refused with what to write instead.
+LEGACY_STORE_TYPES = {
+    "softlayer_objectstore": "FfDL's SoftLayer (Swift) object store",
+    "bluemix_objectstore": "FfDL's Bluemix (Swift) object store",
+}
 _STORES_WITH_PATH = frozenset({"local", "mount_volume"})
 
 
@@ -100,26 +113,54 @@ class Container(_Section):
     ] = Field(validation_alias=AliasChoices("container", "bucket"))
 
 
+def _store_type(value: object) -> object:
+    """Refuses FfDL's legacy Swift stores by name, with what to use instead."""
+    chosen = value.strip().lower() if isinstance(value, str) else ""
+    if chosen in LEGACY_STORE_TYPES:
+        raise invalid(
+            f"{value!r} ({LEGACY_STORE_TYPES[chosen]}) is not supported; use s3_datastore "
+            "or mount_cos with the store's S3 endpoint in connection.auth_url and its HMAC "
+            "credentials in connection.user_name and connection.password"
+        )
+    return value
+
+
 class DataStore(_Section):
-    """Where training data comes from and results go: a local tree, a volume or S3."""
+    """Where training data comes from and results go: a local tree, a volume or an S3 store."""
 
     id: Annotated[str, text_field(required=True, max_length=MAX_LABEL_LENGTH)]
     type: Annotated[
-        Literal["local", "mount_volume", "s3"],
+        Literal["local", "mount_volume", "s3_datastore", "mount_cos", "s3"],
         one_of(
             DATA_STORE_TYPES,
-            "one of local, mount_volume, s3 (or FfDL's s3_datastore, mount_cos)",
-            aliases=_FFDL_STORE_TYPES,
+            "one of local, mount_volume, s3_datastore, mount_cos (or s3)",
         ),
+        BeforeValidator(_store_type),
     ]
     training_data: Container | None = None
     training_results: Container | None = None
     connection: Annotated[dict[str, str], BeforeValidator(string_map)] = Field(default_factory=dict)
 
+    @property
+    def is_object_store(self) -> bool:
+        """Whether the store is an S3-compatible object store (reached through s3fs)."""
+        return self.type in OBJECT_STORE_TYPES
+
     @model_validator(mode="after")
-    def _path_given_for_file_stores(self) -> DataStore:
+    def _what_the_type_needs(self) -> DataStore:
         if self.type in _STORES_WITH_PATH and not self.connection.get("path", "").strip():
             raise invalid(f"is required for a {self.type} data store", "connection", "path")
+        if self.is_object_store:
+            if self.training_data is None:
+                raise invalid(
+                    f"is required for a {self.type} data store (its bucket in container)",
+                    "training_data",
+                )
+            try:
+                S3Connection.from_fields(self.connection)
+            except ConnectionFieldError as exc:
+                reason = f"is required for a {self.type} data store (or {exc.alternative})"
+                raise invalid(reason, "connection", exc.key) from None
         return self
 
     def redacted(self) -> dict[str, Any]:
@@ -136,22 +177,95 @@ class Framework(_Section):
     command: Annotated[str, text_field(required=True, max_length=MAX_COMMAND_LENGTH)]
 
 
-class MetricGroup(_Section):
-    """One emetrics group: a regex over log lines and how its named groups become metrics."""
+class MetricValue(_Section):
+    """One FfDL typed value: ``value`` is ``$group`` (a capture of the regex) or a constant,
+    and ``type`` says how the captured text is read (FLOAT, INT, STRING, JSONSTRING)."""
 
-    regex: Annotated[str, text_field(required=True, strip=False), AfterValidator(compiles)]
+    type: Annotated[str, BeforeValidator(metric_value_type)] = "FLOAT"
+    value: Annotated[str, text_field(required=True)]
+
+
+class MetricGroup(_Section):
+    """One regex group: a regex over log lines and how its named groups become metrics.
+
+    ``scalars`` and ``etimes`` take FfDL's typed form (``{type: FLOAT, value: "$acc"}``) or
+    the short form (``"$acc"``); a ``$name`` must be a group the regex captures.
+    """
+
+    regex: Annotated[str, text_field(required=True, strip=False), AfterValidator(metric_regex)]
     meta: Annotated[dict[str, str], BeforeValidator(string_map)] = Field(default_factory=dict)
-    scalars: Annotated[dict[str, str], BeforeValidator(string_map)] = Field(default_factory=dict)
-    etimes: Annotated[dict[str, str], BeforeValidator(string_map)] = Field(default_factory=dict)
+    scalars: Annotated[dict[str, MetricValue], typed_values("FLOAT")] = Field(default_factory=dict)
+    etimes: Annotated[dict[str, MetricValue], typed_values("INT")] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _references_are_captured(self) -> MetricGroup:
+        captured = compile_metric_regex(self.regex).groupindex
+        for section in ("scalars", "etimes"):
+            values: dict[str, MetricValue] = getattr(self, section)
+            for name, item in values.items():
+                reference = item.value.strip()
+                if reference.startswith("$") and reference[1:] not in captured:
+                    groups = ", ".join(captured) or "none"
+                    reason = f"refers to {reference}, which the regex does not capture"
+                    raise invalid(f"{reason} (its groups: {groups})", section, name, "value")
+        return self
+
+
+# What ``evaluation_metrics.type`` may say: ffdl's names, then FfDL's other spellings.
+METRIC_TYPES = ("emetrics", "regex_extractor", "tensorboard", "log_collector")
+_FFDL_METRIC_TYPES = {
+    "emetrics_file": "emetrics",
+    "emetrics_file_extractor": "emetrics",
+    "file": "emetrics",
+    "optivist": "emetrics",
+    "tensorboard_extractor": "tensorboard",
+    "tensorboard_extract": "tensorboard",
+    "simple_log_collector": "log_collector",
+    "logger": "log_collector",
+    "none": "log_collector",
+    "null": "log_collector",
+    "nil": "log_collector",
+}
+# Where a metrics directory may lie: the job's own directories, named by their variables.
+_METRICS_DIR_VARIABLES = ("JOB_STATE_DIR", "LOG_DIR", "RESULT_DIR", "CHECKPOINT_DIR")
 
 
 class EvaluationMetrics(_Section):
-    type: Annotated[str, text_field(required=True, lower=True)] = "emetrics"
+    """Where a job's evaluation metrics come from (FfDL's ``evaluation_metrics``)."""
+
+    type: Annotated[
+        str,
+        one_of(
+            METRIC_TYPES,
+            "one of emetrics, regex_extractor, tensorboard, log_collector (or FfDL's "
+            + ", ".join(_FFDL_METRIC_TYPES)
+            + ")",
+            aliases=_FFDL_METRIC_TYPES,
+        ),
+    ] = "emetrics"
     in_: Annotated[str | None, text_field(nullable=True)] = Field(default=None, alias="in")
-    line_lookahead: Annotated[int | None, integer_field(minimum=1, nullable=True)] = None
+    line_lookahead: Annotated[
+        int | None, integer_field(minimum=1, maximum=MAX_LINE_LOOKAHEAD, nullable=True)
+    ] = None
     groups: Annotated[dict[str, MetricGroup], BeforeValidator(group_names)] = Field(
         default_factory=dict
     )
+
+    @model_validator(mode="after")
+    def _usable_for_its_type(self) -> EvaluationMetrics:
+        if self.type == "regex_extractor" and not self.groups:
+            raise invalid("is required for type regex_extractor (at least one group)", "groups")
+        if self.type == "tensorboard" and self.in_:
+            directory = self.in_
+            variable = re.match(r"\$\{?(\w+)\}?", directory)
+            inside_job = variable is not None and variable.group(1) in _METRICS_DIR_VARIABLES
+            if directory.startswith(("/", "$")) and not inside_job:
+                names = ", ".join(f"${name}" for name in _METRICS_DIR_VARIABLES)
+                reason = f"must lie in the job's directories: start with one of {names}"
+                raise invalid(f"{reason} (or be relative to $LOG_DIR), got {directory!r}", "in")
+            if ".." in directory.replace("\\", "/").split("/"):
+                raise invalid(f"must not contain '..' parts, got {directory!r}", "in")
+        return self
 
 
 class PlacementSpec(_Section):

@@ -18,6 +18,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from ffdl.core.errors import ManifestError
 from ffdl.core.limits import MAX_COUNT, MAX_GROUP_NAME
 from ffdl.core.manifest_text import MANIFEST_CODE
+from ffdl.core.metric_regex import MetricRegexError, compile_metric_regex
 from ffdl.core.units import describe_value
 
 # A container is a path inside its store: a bucket name, or a few safe components.
@@ -187,6 +188,51 @@ def compiles(pattern: str) -> str:
     except (re.error, RecursionError, OverflowError) as error:
         raise invalid(f"is not a valid regular expression: {error}") from None
     return pattern
+
+
+def metric_regex(pattern: str) -> str:
+    """An FfDL metric regex (``%{FLOAT:acc}``, Go's ``(?<name>...)``) that compiles."""
+    try:
+        compile_metric_regex(pattern)
+    except MetricRegexError as error:
+        raise invalid(str(error)) from None
+    return pattern
+
+
+# FfDL's value types (its ``Any.type``); the platform stores numbers, so a STRING value is
+# kept when its text is a number.
+METRIC_VALUE_TYPES = ("FLOAT", "INT", "STRING", "JSONSTRING")
+
+
+def metric_value_type(value: object) -> str:
+    chosen = value.strip().upper() if isinstance(value, str) else ""
+    if chosen not in METRIC_VALUE_TYPES:
+        expected = ", ".join(METRIC_VALUE_TYPES)
+        raise invalid(f"must be one of {expected}, got {describe_value(value)}")
+    return chosen
+
+
+def typed_values(default_type: str) -> BeforeValidator:
+    """A map of metric values in FfDL's typed form (``{type: FLOAT, value: "$acc"}``) or
+    the short form (``"$acc"``, typed ``default_type``)."""
+
+    def check(value: object) -> dict[str, object]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise invalid(f"must be a mapping, got {describe_value(value)}")
+        result: dict[str, object] = {}
+        for key, item in value.items():
+            if isinstance(item, Mapping):
+                result[str(key)] = {"type": default_type, **item}
+            elif isinstance(item, str | int | float) and not isinstance(item, bool):
+                result[str(key)] = {"type": default_type, "value": str(item)}
+            else:
+                expected = "a string or a mapping with type and value"
+                raise invalid(f"must be {expected}, got {describe_value(item)}", str(key))
+        return result
+
+    return BeforeValidator(check)
 
 
 def placement_shape(value: object) -> object:

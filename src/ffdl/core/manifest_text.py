@@ -132,6 +132,16 @@ class _ManifestLoader(yaml.SafeLoader):
         finally:
             self.nesting -= 1
 
+    def construct_scalar(self, node: yaml.Node) -> Any:
+        value = super().construct_scalar(node)  # type: ignore[arg-type]
+        # A folded scalar (``>``) keeps the line breaks around more-indented lines: FfDL's
+        # examples write ``command: >`` with ``--flag`` lines indented under the first. FfDL
+        # ran a command with its line breaks replaced by spaces, so a folded value is joined
+        # the same way; a literal (``|``) value keeps its lines (a multi-line script).
+        if getattr(node, "style", None) == ">" and isinstance(value, str):
+            return value.replace("\r\n", " ").replace("\n", " ")
+        return value
+
     def get_single_data(self) -> Any:
         node = self.get_single_node()
         if node is None:

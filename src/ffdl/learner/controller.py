@@ -24,8 +24,9 @@ from pathlib import Path
 from types import FrameType
 
 from ffdl.core.status import ErrorCode, LearnerStatus
-from ffdl.learner import metrics, sandbox, staging
+from ffdl.learner import metrics, runtime, sandbox, staging
 from ffdl.learner.cgroups import LearnerCgroup
+from ffdl.learner.metric_sources import MetricSources
 from ffdl.learner.output import OUTPUT_RECORD, OutputReaders, OutputRecord, TrainingLog
 from ffdl.learner.processes import descendants, group_members
 from ffdl.learner.reporter import CANCEL, GAVE_UP, GONE, HALT, Reporter
@@ -33,9 +34,13 @@ from ffdl.learner.spec import (
     CONTROLLER_LOG,
     PID_FILE,
     RESULT_FILE,
+    DataMount,
     LearnerResult,
     LearnerSpec,
+    ObjectLocation,
     SpecError,
+    erase_spec_secrets,
+    learner_log_dir,
     load_spec,
     write_result,
 )
@@ -136,14 +141,17 @@ class Controller:
         self._wake = threading.Event()
         self._child: subprocess.Popen[bytes] | None = None
         self._last_lines: deque[str] = deque(maxlen=LAST_LINES)
-        self._training_log = TrainingLog(spec.env.get("LOG_DIR"), self._ffdl_log)
+        self._training_log = TrainingLog(learner_log_dir(spec), self._ffdl_log)
         self._output_record = OutputRecord(str(self.state_dir / OUTPUT_RECORD), self._ffdl_log)
         # Taken for each output line; once closed, lines that still trickle in (from a
         # process that escaped the kill) are ignored: the final status must come last.
         self._output_lock = threading.Lock()
         self._output_closed = False
-        self._metric_groups: list[metrics.RegexGroup] = []
+        self._metric_sources: MetricSources | None = None
         self._cgroup: LearnerCgroup | None = None
+        # The results' object store, and whether this attempt's logs already went there.
+        self._results_store: staging.JobStore | None = None
+        self._logs_stored = False
 
     # -- stop requests --------------------------------------------------------------------
 
@@ -191,6 +199,7 @@ class Controller:
                 error_code=ErrorCode.DEPLOY_FAILED.value,
                 reason=f"controller error: {type(exc).__name__}: {exc}",
             )
+        self._end_attempt_in_store(outcome)
         return self._finish(outcome)
 
     def _run_phases(self) -> LearnerResult:
@@ -234,6 +243,8 @@ class Controller:
 
     def _download(self) -> LearnerResult | None:
         self._status(LearnerStatus.DOWNLOADING)
+        if (failed := self._prepare_runtime()) is not None:
+            return failed
         try:
             for mount in self.spec.data:
                 if (request := self._requested_stop()) is not None:
@@ -246,6 +257,9 @@ class Controller:
                     staging.link_volume(mount.source, mount.target)
                     self._ffdl_log(f"[ffdl] mounted {mount.source} at {mount.target}")
                     continue
+                if mount.store is not None:
+                    self._stage_objects(mount, mount.store)
+                    continue
                 self._ffdl_log(f"[ffdl] staging data from {mount.source} to {mount.target}")
                 staging.copy_tree(
                     mount.source,
@@ -256,6 +270,7 @@ class Controller:
                 )
                 if self.spec.sandbox is not None:
                     staging.hand_over(mount.target, self.spec.sandbox.uid, self.spec.sandbox.gid)
+            self._restore_checkpoints()
         except staging.StagingStopped:
             return _stop_outcome(self._requested_stop() or HALT, self._stop_detail)
         except staging.StagingError as exc:
@@ -266,13 +281,33 @@ class Controller:
             return _stop_outcome(request, self._stop_detail)
         return None
 
+    def _prepare_runtime(self) -> LearnerResult | None:
+        """Build the job's runtime environment on its first use (see ``learner.runtime``)."""
+        spec = self.spec.runtime
+        if spec is None:
+            return None
+        if not spec.built:
+            self._ffdl_log(f"[ffdl] runtime {spec.name}: the platform's environment")
+            return None
+        try:
+            runtime.ensure(spec, self._ffdl_log, lambda: self._requested_stop() is not None)
+        except runtime.RuntimeBuildStopped:
+            return _stop_outcome(self._requested_stop() or HALT, self._stop_detail)
+        except (runtime.RuntimeBuildError, OSError) as exc:
+            reason = str(exc)
+            if not isinstance(exc, runtime.RuntimeBuildError):
+                reason = f"runtime {spec.name}: building its environment failed: {exc}"
+            return LearnerResult(
+                LearnerStatus.FAILED, error_code=ErrorCode.DEPLOY_FAILED.value, reason=reason
+            )
+        return None
+
     # -- PROCESSING -----------------------------------------------------------------------
 
     def _process(self) -> LearnerResult | None:
         self._status(LearnerStatus.PROCESSING)
-        self._metric_groups, problems = metrics.compile_groups(self.spec.metric_groups)
-        for problem in problems:
-            self._on_problem(problem)
+        sources = MetricSources(self.spec, self._on_file_metric, self._on_problem)
+        self._metric_sources = sources
         try:
             argv = self._command_argv()
         except (sandbox.SandboxError, OSError) as exc:
@@ -281,15 +316,7 @@ class Controller:
                 error_code=ErrorCode.DEPLOY_FAILED.value,
                 reason=f"cannot set up the learner's sandbox: {exc}",
             )
-        tailer = None
-        if self.spec.emetrics_file:
-            tailer = metrics.EmetricsTailer(
-                self.spec.emetrics_file,
-                self._on_file_metric,
-                self._on_problem,
-                skip_existing=True,
-            )
-            tailer.start()
+        sources.start()
         try:
             child = subprocess.Popen(
                 argv,
@@ -300,8 +327,7 @@ class Controller:
                 stdin=subprocess.DEVNULL,
             )
         except OSError as exc:
-            if tailer is not None:
-                tailer.stop()
+            sources.stop(tell=False)
             return LearnerResult(
                 LearnerStatus.FAILED,
                 error_code=ErrorCode.LOAD_MODEL_FAILED.value,
@@ -321,8 +347,7 @@ class Controller:
         exit_code, acted_on, request = self._supervise(child)
         logger.info("command exited with %d", exit_code)
         self._collect_output(readers)
-        if tailer is not None:
-            tailer.stop()
+        sources.stop()
         self._training_log.close()
         self._output_record.close()
         return self._process_outcome(exit_code, acted_on, request)
@@ -470,9 +495,8 @@ class Controller:
             self._training_log.write(text)
             if text.strip():
                 self._last_lines.append(text.strip())
-            for metric in metrics.match_line(
-                self._metric_groups, text, on_problem=self._on_problem
-            ):
+            matched = self._metric_sources.feed(text) if self._metric_sources else []
+            for metric in matched:
                 self.reporter.emetric(metric.group, metric.iteration, metric.values)
 
     def _on_problem(self, problem: str) -> None:
@@ -484,6 +508,8 @@ class Controller:
     # -- STORING --------------------------------------------------------------------------
 
     def _store(self) -> LearnerResult | None:
+        if self.spec.results_store is not None:
+            return self._store_objects()
         target = self.spec.results_target
         if not target:
             return None
@@ -518,7 +544,7 @@ class Controller:
     def _store_logs(self, target: str) -> None:
         """Put the learner's LOG_DIR, with its whole training log, beside the results; the
         results stand without it, so a failure is only told."""
-        log_dir = self.spec.env.get("LOG_DIR")
+        log_dir = learner_log_dir(self.spec)
         if not log_dir or not os.path.isdir(log_dir):
             return
         destination = os.path.join(target, RESULT_LOGS_DIR, f"learner-{self.spec.learner}")
@@ -534,6 +560,76 @@ class Controller:
                 )
             except (staging.StagingError, OSError) as exc:
                 self._ffdl_log(f"[ffdl] storing logs failed: {exc}")
+
+    # -- object stores (results, logs and checkpoints under <bucket>/<training id>/) --------
+
+    def _stage_objects(self, mount: DataMount, location: ObjectLocation) -> None:
+        self._ffdl_log(f"[ffdl] downloading data from {mount.source} to {mount.target}")
+        staging.download_objects(
+            staging.object_store(location),
+            "",
+            mount.target,
+            label="downloading data",
+            progress=self._ffdl_log,
+            should_stop=lambda: self._requested_stop() is not None,
+        )
+        if self.spec.sandbox is not None:
+            staging.hand_over(mount.target, self.spec.sandbox.uid, self.spec.sandbox.gid)
+
+    def _job_store(self) -> staging.JobStore | None:
+        if self.spec.results_store is None:
+            return None
+        if self._results_store is None:
+            self._results_store = staging.JobStore(
+                self.spec.results_store, self.spec.learner, self._ffdl_log, str(self.state_dir)
+            )
+        return self._results_store
+
+    def _restore_checkpoints(self) -> None:
+        """Bring back the job's checkpoints from the store when this host has none."""
+        if (store := self._job_store()) is not None:
+            sandboxed = self.spec.sandbox
+            owner = (sandboxed.uid, sandboxed.gid) if sandboxed is not None else None
+            store.restore_checkpoints(
+                self.spec.checkpoint_dir, owner, lambda: self._requested_stop() is not None
+            )
+
+    def _store_objects(self) -> LearnerResult | None:
+        """Results (learner 1) and this learner's logs to ``<bucket>/<training id>/``."""
+        self._status(LearnerStatus.STORING)
+        store = self._job_store()
+        assert store is not None
+        try:
+            store.store_results(self.spec.results_source, self._wants_abort)
+        except staging.StagingStopped:
+            return _stop_outcome(self._requested_stop() or CANCEL, self._stop_detail)
+        except staging.StagingError as exc:
+            return LearnerResult(
+                LearnerStatus.FAILED,
+                exit_code=0,
+                error_code=ErrorCode.STORE_RESULTS_FAILED.value,
+                reason=f"storing results failed: {exc}",
+            )
+        store.store_logs_and_code(
+            learner_log_dir(self.spec), self.spec.code_archive, self._wants_abort
+        )
+        self._logs_stored = True
+        if self._wants_abort():
+            return _stop_outcome(self._requested_stop() or CANCEL, self._stop_detail)
+        return None
+
+    def _end_attempt_in_store(self, outcome: LearnerResult) -> None:
+        """However the attempt ended (unless cancelled): a failed or halted attempt's logs go
+        to the store too, and learner 1 saves CHECKPOINT_DIR so that a later attempt on any
+        machine can resume."""
+        store = self._job_store()
+        if store is None or str(outcome.status) == LearnerStatus.CANCELLED.value:
+            return
+        if not self._logs_stored:
+            store.store_logs_and_code(
+                learner_log_dir(self.spec), self.spec.code_archive, self._wants_abort
+            )
+        store.save_checkpoints(self.spec.checkpoint_dir, self._wants_abort)
 
 
 def fail_without_spec(spec_path: str, error: Exception) -> int:
@@ -587,6 +683,8 @@ def main(argv: list[str] | None = None) -> int:
     _become_group_leader()
     try:
         spec = load_spec(args.spec)
+        # From here on the store's credentials live in this process's memory only.
+        erase_spec_secrets(args.spec)
         controller = Controller(spec, halt_signal)
     except (SpecError, ValueError) as exc:
         return fail_without_spec(args.spec, exc)

@@ -1,8 +1,10 @@
-"""Evaluation metrics a learner produces: FfDL regex groups over log lines, and the
-JSON-lines emetrics file the job (or ``ffdl.sdk.report``) appends to.
+"""Evaluation metrics a learner produces, and the emetrics files the job (or
+``ffdl.sdk.report``) appends to: ffdl's JSON lines and FfDL's evaluation-metrics records.
 
-This module owns the parsing of both sources into ``EMetric`` values and the tailing of the
-emetrics file; the controller turns each ``EMetric`` into a report item.
+This module owns ``EMetric``, the checks and conversions every source shares, the parsing
+of emetrics lines and the tailing of the emetrics files; FfDL's regex groups over output
+lines are in ``regex_metrics``, TensorBoard event files in ``tensorboard``. The controller
+turns each ``EMetric`` into a report item.
 
 A metric is sent only with numbers the platform can store (``ffdl.core.limits``): an
 iteration of 1e20, a time of 1e308, or a value that is NaN, infinite or absurdly large
@@ -18,7 +20,6 @@ import errno
 import json
 import math
 import os
-import re
 import stat
 import threading
 from collections.abc import Callable
@@ -34,10 +35,10 @@ from ffdl.core.limits import (
 )
 
 DEFAULT_GROUP = "train"
+# The file FfDL's learners appended their evaluation metrics to, in $LOG_DIR.
+FFDL_EMETRICS_FILE = "evaluation-metrics.txt"
 # Keys that carry the iteration in the flat emetrics shape, in order of preference.
 ITERATION_KEYS = ("iteration", "step", "epoch")
-# Go's regexp accepts (?<name>...), Python wants (?P<name>...); FfDL manifests use both.
-_GO_NAMED_GROUP = re.compile(r"\(\?<(?=[A-Za-z_])")
 _READ_CHUNK = 1 << 20
 # A job writing garbage should not flood its own log with complaints.
 MAX_PROBLEMS_REPORTED = 20
@@ -60,31 +61,27 @@ class EMetric:
     time: float | None = None
 
 
-@dataclass(frozen=True)
-class RegexGroup:
-    """One FfDL metric group: a regex whose named groups feed scalars and the iteration."""
+def convert(text: str, value_type: str) -> tuple[float | None, str | None]:
+    """The number ``text`` holds as FfDL's ``value_type`` says, or None and why not.
 
-    name: str
-    pattern: re.Pattern[str]
-    scalars: dict[str, str]
-    iteration_group: str | None
-
-    def match(self, line: str) -> EMetric | None:
-        found = self.pattern.search(line)
-        if found is None:
-            return None
-        captured = found.groupdict()
-        values = {}
-        for scalar, group in self.scalars.items():
-            number = _to_float(captured.get(group))
-            if number is not None:
-                values[scalar] = number
-        if not values:
-            return None
-        iteration = None
-        if self.iteration_group is not None:
-            iteration = _to_iteration(_to_float(captured.get(self.iteration_group)))
-        return checked(EMetric(group=self.name, iteration=iteration, values=values))
+    The platform stores numbers, so a STRING or JSONSTRING value is kept when it is one.
+    """
+    stripped = text.strip()
+    shown = stripped if len(stripped) <= 40 else stripped[:37] + "..."
+    if value_type == "INT":
+        try:
+            return float(int(stripped)), None
+        except ValueError:
+            number = _to_float(stripped)
+            if number is not None and number.is_integer():
+                return number, None
+            return None, f"{shown!r} is not an INT"
+    number = _to_float(stripped)
+    if number is not None:
+        return number, None
+    if value_type in ("STRING", "JSONSTRING"):
+        return None, f"{shown!r} is not a number (only numbers are stored)"
+    return None, f"{shown!r} is not a finite FLOAT"
 
 
 def checked(metric: EMetric) -> EMetric:
@@ -106,13 +103,6 @@ def checked(metric: EMetric) -> EMetric:
     return metric
 
 
-def _group_ref(reference: Any) -> str | None:
-    """FfDL writes group references as ``$name``; a bare ``name`` means the same."""
-    if not isinstance(reference, str) or not reference.strip("$ "):
-        return None
-    return reference.strip().removeprefix("$")
-
-
 def _to_float(text: str | None) -> float | None:
     if text is None:
         return None
@@ -121,65 +111,6 @@ def _to_float(text: str | None) -> float | None:
     except ValueError:
         return None
     return number if math.isfinite(number) else None
-
-
-def _to_iteration(number: float | None) -> int | None:
-    if number is None or not number.is_integer():
-        return None
-    return int(number)
-
-
-def compile_groups(groups: dict[str, dict[str, Any]]) -> tuple[list[RegexGroup], list[str]]:
-    """Compile the manifest's metric groups; unusable groups become problem messages."""
-    compiled: list[RegexGroup] = []
-    problems: list[str] = []
-    for name, definition in groups.items():
-        regex = definition.get("regex")
-        if not isinstance(regex, str) or not regex:
-            problems.append(f"metric group {name!r} has no regex; ignored")
-            continue
-        try:
-            pattern = re.compile(_GO_NAMED_GROUP.sub("(?P<", regex))
-        except re.error as exc:
-            problems.append(f"metric group {name!r} has an invalid regex ({exc}); ignored")
-            continue
-        raw_scalars = definition.get("scalars") or {}
-        raw_etimes = definition.get("etimes") or {}
-        if not isinstance(raw_scalars, dict) or not isinstance(raw_etimes, dict):
-            problems.append(f"metric group {name!r}: scalars and etimes must be maps; ignored")
-            continue
-        scalars = {
-            str(scalar): ref
-            for scalar, reference in raw_scalars.items()
-            if (ref := _group_ref(reference)) is not None
-        }
-        compiled.append(
-            RegexGroup(
-                name=name,
-                pattern=pattern,
-                scalars=scalars,
-                iteration_group=_group_ref(raw_etimes.get("iteration")),
-            )
-        )
-    return compiled, problems
-
-
-def match_line(
-    groups: list[RegexGroup], line: str, on_problem: Callable[[str], None] | None = None
-) -> list[EMetric]:
-    """The metrics ``line`` yields; one with numbers out of range is dropped and, when
-    ``on_problem`` is given, reported to it as ``dropped metric ...: <why>``."""
-    found: list[EMetric] = []
-    for group in groups:
-        try:
-            metric = group.match(line)
-        except MetricOutOfRange as exc:
-            if on_problem is not None:
-                on_problem(f"dropped metric of group {group.name!r}: {exc}")
-            continue
-        if metric is not None:
-            found.append(metric)
-    return found
 
 
 def _numeric_values(document: dict[str, Any], skip: set[str]) -> dict[str, float]:
@@ -198,8 +129,10 @@ def _numeric_values(document: dict[str, Any], skip: set[str]) -> dict[str, float
 def parse_emetrics_line(line: str) -> EMetric:
     """Parse one emetrics line; raise ``ValueError`` saying why a line is unusable.
 
-    Two shapes: ``{"time"?, "group"?, "iteration"?, "values": {...}}`` and the flat
-    ``{"step"|"iteration"|"epoch": n, "group"?, "time"?, "<name>": number, ...}``.
+    Three shapes: ``{"time"?, "group"?, "iteration"?, "values": {...}}``, the flat
+    ``{"step"|"iteration"|"epoch": n, "group"?, "time"?, "<name>": number, ...}``, and
+    FfDL's record (``{"grouplabel", "etimes": {...}, "values": {...}}``, see
+    ``parse_ffdl_record``).
     """
     try:
         document = json.loads(line)
@@ -207,6 +140,8 @@ def parse_emetrics_line(line: str) -> EMetric:
         raise ValueError(f"not JSON ({exc.msg})") from None
     if not isinstance(document, dict):
         raise ValueError("not a JSON object")
+    if "grouplabel" in document or "etimes" in document:
+        return parse_ffdl_record(document)
     group = document.get("group", DEFAULT_GROUP)
     if not isinstance(group, str) or not group:
         raise ValueError("'group' must be a non-empty string")
@@ -243,6 +178,58 @@ def parse_emetrics_line(line: str) -> EMetric:
             time=_as_time(timestamp),
         )
     )
+
+
+def parse_ffdl_record(document: dict[str, Any]) -> EMetric:
+    """One record of FfDL's evaluation-metrics file: ``grouplabel``, ``etimes`` and
+    ``values`` holding typed values (``{"type": "FLOAT", "value": "0.5"}``), and an optional
+    ``meta.time`` in milliseconds since the epoch, as FfDL wrote it."""
+    group = document.get("grouplabel") or DEFAULT_GROUP
+    if not isinstance(group, str):
+        raise ValueError("'grouplabel' must be a string")
+    etimes = document.get("etimes") or {}
+    raw_values = document.get("values") or {}
+    if not isinstance(etimes, dict) or not isinstance(raw_values, dict):
+        raise ValueError("'etimes' and 'values' must be objects")
+    values: dict[str, float] = {}
+    problems: list[str] = []
+    for name, item in raw_values.items():
+        number, why = _typed_number(item)
+        if number is not None:
+            values[str(name)] = number
+        else:
+            problems.append(f"{name!r}: {why}")
+    if not values:
+        raise ValueError("no numeric metric values" + (f" ({problems[0]})" if problems else ""))
+    iteration = None
+    iteration_key = next((key for key in ITERATION_KEYS if key in etimes), None)
+    if iteration_key is not None:
+        number, why = _typed_number(etimes[iteration_key], "INT")
+        if number is None:
+            raise ValueError(f"etimes {iteration_key!r}: {why}")
+        iteration = int(number)
+    meta = document.get("meta")
+    millis = meta.get("time") if isinstance(meta, dict) else None
+    timestamp = None
+    if millis is not None:
+        number, why = _typed_number(millis, "INT")
+        if number is None:
+            raise ValueError(f"meta 'time': {why}")
+        timestamp = number / 1000.0
+    return checked(EMetric(group=group, iteration=iteration, values=values, time=timestamp))
+
+
+def _typed_number(item: Any, default_type: str = "FLOAT") -> tuple[float | None, str | None]:
+    """The number in an FfDL typed value (or a bare JSON number or text), and why not."""
+    value_type = default_type
+    if isinstance(item, dict):
+        value_type = str(item.get("type") or default_type).upper()
+        item = item.get("value")
+    if isinstance(item, bool) or not isinstance(item, str | int | float):
+        return None, "not a value"
+    if isinstance(item, int) and abs(item) > 2**53:
+        return None, "out of range"
+    return convert(str(item), value_type)
 
 
 def _as_time(timestamp: int | float | None) -> float | None:

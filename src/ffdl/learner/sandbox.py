@@ -71,6 +71,14 @@ class SandboxSpec:
     cpus: float | None = None
     cgroup: str = ""  # the learner's cgroup name, relative to the controller's own
     privileged: bool = True  # set up as root: setpriv to uid/gid, netns, cgroups
+    # (host source, path inside) bound read-write: the learner's logs at $JOB_STATE_DIR/logs.
+    binds: list[list[str]] = field(default_factory=list)
+    # The learner's host name, and /etc/hosts entries ([address, name, ...]) naming its peers.
+    hostname: str = "learner"
+    hosts: list[list[str]] = field(default_factory=list)
+    # Directories inside read-only binds shown empty (the platform's packages, hidden from
+    # a job running on a runtime environment of its own).
+    hidden: list[str] = field(default_factory=list)
 
     @property
     def netns(self) -> str | None:
@@ -117,6 +125,12 @@ def write_identity_files(directory: Path, spec: SandboxSpec, home: str) -> tuple
     )
     for path in (passwd, group):
         path.chmod(0o644)
+    if spec.hosts:
+        hosts = directory / "hosts"
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        lines += ["\t".join([entry[0], " ".join(entry[1:])]) for entry in spec.hosts]
+        hosts.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        hosts.chmod(0o644)
     return passwd, group
 
 
@@ -139,6 +153,7 @@ def _filesystem_args(spec: SandboxSpec, passwd: Path, group: Path) -> list[str]:
     binds += [("--ro-bind", path, path) for path in spec.read_only]
     binds += [("--bind", path, path) for path in spec.read_write]
     binds += [("--ro-bind", source, target) for source, target in spec.volumes]
+    binds += [("--bind", source, target) for source, target in spec.binds]
     mounted: list[str] = []
     created: set[str] = {"/", "/tmp", "/dev", "/proc"}
     for option, source, target in _mount_order(binds):
@@ -153,11 +168,17 @@ def _filesystem_args(spec: SandboxSpec, passwd: Path, group: Path) -> list[str]:
         args += [option, source, target]
         mounted.append(target)
         created.add(target)
+    for path in spec.hidden:
+        if os.path.isdir(path):
+            args += ["--tmpfs", path]
     for hidden in HIDDEN_FILES:
         if os.path.exists(hidden):
             args += ["--ro-bind", "/dev/null", hidden]
     if os.path.isdir("/etc"):
         args += ["--ro-bind", str(passwd), "/etc/passwd", "--ro-bind", str(group), "/etc/group"]
+        hosts = passwd.with_name("hosts")
+        if spec.hosts and hosts.is_file() and os.path.exists("/etc/hosts"):
+            args += ["--ro-bind", str(hosts), "/etc/hosts"]
     for device in spec.gpu_devices:
         args += ["--dev-bind", device, device]
     if spec.gpu_devices:
@@ -193,7 +214,7 @@ def sandbox_argv(
         # Without a memory cgroup an address-space limit is the only bound available.
         argv += ["prlimit", f"--as={spec.memory_bytes}", "--"]
     argv += [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-    argv += ["--unshare-cgroup-try", "--hostname", "learner"]
+    argv += ["--unshare-cgroup-try", "--hostname", spec.hostname or "learner"]
     if spec.network != NETWORK_HOST and netns is None:
         argv.append("--unshare-net")
     argv += _filesystem_args(spec, *identity)

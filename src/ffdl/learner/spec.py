@@ -18,9 +18,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ffdl.core.redact import is_secret_key
+from ffdl.learner.runtime import RuntimeSpec, runtime_from_dict
 from ffdl.learner.sandbox import NETNS_PREFIX, NETWORK_HOST, NETWORK_NONE, SandboxSpec
 
-DATA_MOUNT_KINDS = ("local", "mount_volume")
+# "s3": the data is downloaded from an object store (``DataMount.store``).
+OBJECT_STORE_KIND = "s3"
+DATA_MOUNT_KINDS = ("local", "mount_volume", OBJECT_STORE_KIND)
+# What a connection's secret values become once the controller has read them.
+ERASED = "erased"
 PID_FILE = "controller.pid"
 RESULT_FILE = "result.json"
 CONTROLLER_LOG = "controller.log"
@@ -31,10 +37,22 @@ class SpecError(ValueError):
 
 
 @dataclass
+class ObjectLocation:
+    """A ``bucket[/prefix]`` of an S3 store and the connection fields that reach it
+    (``S3Connection.to_fields``). The secrets are in clear: the spec file is root's alone,
+    and the controller erases them from it as soon as it has read them."""
+
+    root: str
+    connection: dict[str, str]
+
+
+@dataclass
 class DataMount:
     kind: str
     source: str
     target: str
+    # For kind "s3": where the data is; ``source`` then only names it for people.
+    store: ObjectLocation | None = None
 
 
 @dataclass
@@ -59,6 +77,37 @@ class LearnerSpec:
     halt_grace_s: float = 10.0
     heartbeat_s: float = 2.0
     report_deadline_s: float = 600.0
+    # An object store for the job's results: learner 1 uploads RESULT_DIR (and the code
+    # archive under _submitted_code/), every learner its LOG_DIR under learner-N/, and
+    # learner 1 keeps ``checkpoint_dir`` in sync under _wml_checkpoints/.
+    results_store: ObjectLocation | None = None
+    checkpoint_dir: str | None = None
+    code_archive: str | None = None
+    # The framework runtime the command runs on (None: the platform's environment).
+    runtime: RuntimeSpec | None = None
+    # This learner's LOG_DIR as the controller reaches it on the host; the command may see
+    # it elsewhere (the sandbox binds it at $JOB_STATE_DIR/logs). None: env's LOG_DIR.
+    log_dir: str | None = None
+    # The manifest's evaluation_metrics: its type (None: none given), ``in:`` as written
+    # (the controller expands it against ``env``) and FfDL's line_lookahead.
+    metrics_type: str | None = None
+    metrics_in: str | None = None
+    metrics_line_lookahead: int | None = None
+
+
+def learner_log_dir(spec: LearnerSpec) -> str | None:
+    """The learner's LOG_DIR on the host: what the controller writes, reads and uploads."""
+    return spec.log_dir or spec.env.get("LOG_DIR")
+
+
+def host_path(spec: LearnerSpec, path: str) -> str:
+    """A path as the learner's command sees it (e.g. ``$LOG_DIR/tb``), as the host has it."""
+    seen, host = spec.env.get("LOG_DIR"), spec.log_dir
+    if seen and host:
+        inside = os.path.normpath(path)
+        if inside == seen or inside.startswith(seen.rstrip("/") + "/"):
+            return host + inside[len(seen) :]
+    return path
 
 
 @dataclass
@@ -102,6 +151,21 @@ def _number(document: dict[str, Any], name: str, default: float) -> float:
     return float(value)
 
 
+def _object_location(raw: Any, name: str) -> ObjectLocation | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise SpecError(f"spec field {name!r} must be an object or null")
+    root, connection = raw.get("root"), raw.get("connection")
+    if not isinstance(root, str) or not root.strip("/"):
+        raise SpecError(f"spec field '{name}.root' must be a bucket name")
+    if not isinstance(connection, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in connection.items()
+    ):
+        raise SpecError(f"spec field '{name}.connection' must map strings to strings")
+    return ObjectLocation(root=root, connection=dict(connection))
+
+
 def _data_mounts(raw: Any) -> list[DataMount]:
     if not isinstance(raw, list):
         raise SpecError("spec field 'data' must be a list")
@@ -114,9 +178,13 @@ def _data_mounts(raw: Any) -> list[DataMount]:
             raise SpecError(f"spec field 'data[{index}]' needs string kind, source and target")
         if kind not in DATA_MOUNT_KINDS:
             raise SpecError(f"spec field 'data[{index}].kind' must be one of {DATA_MOUNT_KINDS}")
-        if not (os.path.isabs(source) and os.path.isabs(target)):
+        store = _object_location(entry.get("store"), f"data[{index}].store")
+        if kind == OBJECT_STORE_KIND and store is None:
+            raise SpecError(f"spec field 'data[{index}].store' is required for kind s3")
+        local_source = kind == OBJECT_STORE_KIND or os.path.isabs(source)
+        if not (local_source and os.path.isabs(target)):
             raise SpecError(f"spec field 'data[{index}]' needs absolute source and target")
-        mounts.append(DataMount(kind=kind, source=source, target=target))
+        mounts.append(DataMount(kind=kind, source=source, target=target, store=store))
     return mounts
 
 
@@ -165,7 +233,39 @@ def _sandbox(raw: Any) -> SandboxSpec | None:
         cpus=float(cpus) if cpus is not None else None,
         cgroup=str(raw.get("cgroup") or ""),
         privileged=bool(raw.get("privileged", True)),
+        binds=_pairs(raw.get("binds") or [], "sandbox.binds"),
+        hostname=str(raw.get("hostname") or "learner"),
+        hosts=_host_entries(raw.get("hosts") or []),
+        hidden=_string_list(raw.get("hidden") or [], "sandbox.hidden"),
     )
+
+
+def _pairs(raw: Any, name: str) -> list[list[str]]:
+    if not isinstance(raw, list) or not all(
+        isinstance(v, list) and len(v) == 2 and all(isinstance(p, str) for p in v) for v in raw
+    ):
+        raise SpecError(f"spec field {name!r} must be a list of [source, target]")
+    if not all(os.path.isabs(p) for v in raw for p in v):
+        raise SpecError(f"spec field {name!r} must hold absolute paths")
+    return [list(v) for v in raw]
+
+
+def _host_entries(raw: Any) -> list[list[str]]:
+    if not isinstance(raw, list) or not all(
+        isinstance(v, list) and len(v) >= 2 and all(isinstance(p, str) and p.strip() for p in v)
+        for v in raw
+    ):
+        raise SpecError("spec field 'sandbox.hosts' must be a list of [address, name, ...]")
+    if any(any(c.isspace() for c in p) for v in raw for p in v):
+        raise SpecError("spec field 'sandbox.hosts' must not hold white space")
+    return [list(v) for v in raw]
+
+
+def _runtime(raw: Any) -> RuntimeSpec | None:
+    try:
+        return runtime_from_dict(raw)
+    except ValueError as exc:
+        raise SpecError(f"spec field 'runtime': {exc}") from exc
 
 
 def spec_from_dict(document: dict[str, Any]) -> LearnerSpec:
@@ -205,7 +305,24 @@ def spec_from_dict(document: dict[str, Any]) -> LearnerSpec:
         halt_grace_s=_number(document, "halt_grace_s", 10.0),
         heartbeat_s=_number(document, "heartbeat_s", 2.0),
         report_deadline_s=_number(document, "report_deadline_s", 600.0),
+        results_store=_object_location(document.get("results_store"), "results_store"),
+        checkpoint_dir=_optional_str(document, "checkpoint_dir"),
+        code_archive=_optional_str(document, "code_archive"),
+        runtime=_runtime(document.get("runtime")),
+        log_dir=_optional_str(document, "log_dir"),
+        metrics_type=_optional_str(document, "metrics_type"),
+        metrics_in=_optional_str(document, "metrics_in"),
+        metrics_line_lookahead=_optional_count(document, "metrics_line_lookahead"),
     )
+
+
+def _optional_count(document: dict[str, Any], name: str) -> int | None:
+    if document.get(name) is None:
+        return None
+    value = _require(document, name, int)
+    if value < 1:
+        raise SpecError(f"spec field {name!r} must be at least 1")
+    return int(value)
 
 
 def load_spec(path: str | os.PathLike[str]) -> LearnerSpec:
@@ -234,6 +351,37 @@ def write_private_json(path: str | os.PathLike[str], document: Any) -> None:
 
 def dump_spec(spec: LearnerSpec, path: str | os.PathLike[str]) -> None:
     write_private_json(path, spec_to_dict(spec))
+
+
+def _erased(connection: Any) -> Any:
+    if not isinstance(connection, dict):
+        return connection
+    return {
+        key: ERASED if is_secret_key(str(key)) and value else value
+        for key, value in connection.items()
+    }
+
+
+def erase_spec_secrets(path: str | os.PathLike[str]) -> bool:
+    """Overwrite the object-store secrets in a spec file with ``erased`` (the controller
+    holds them in memory from then on). True when there were any."""
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(document, dict):
+        return False
+    before = json.dumps(document, sort_keys=True)
+    for mount in document.get("data") or []:
+        if isinstance(mount, dict) and isinstance(mount.get("store"), dict):
+            mount["store"]["connection"] = _erased(mount["store"].get("connection"))
+    if isinstance(document.get("results_store"), dict):
+        results = document["results_store"]
+        results["connection"] = _erased(results.get("connection"))
+    if json.dumps(document, sort_keys=True) == before:
+        return False
+    write_private_json(path, document)
+    return True
 
 
 def write_result(state_dir: str | os.PathLike[str], result: LearnerResult) -> None:

@@ -1,19 +1,26 @@
-"""Moving a learner's data in and its results out: tree copies with progress lines, and
-volume mounts as symlinks.
+"""Moving a learner's data in and its results out: tree copies with progress lines, volume
+mounts as symlinks, and transfers with object stores (through ``ffdl.storage``).
 
 This module owns what "staged" means: a copied file is left alone on a later attempt when
 size and modification time already match, and progress is announced at most every
-``PROGRESS_INTERVAL_S`` seconds plus once at the end.
+``PROGRESS_INTERVAL_S`` seconds plus once at the end. ``ffdl.storage`` (and s3fs) is imported
+only when a job uses an object store: the controller must start fast.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from stat import S_ISREG
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ffdl.learner.spec import ObjectLocation
+    from ffdl.storage.base import DataStore, TransferStats
 
 PROGRESS_INTERVAL_S = 0.5
 MEGABYTE = 1_000_000
@@ -36,7 +43,14 @@ class CopyStats:
     files_skipped: int = 0
 
 
-def _progress_line(label: str, stats: CopyStats) -> str:
+class _Counts(Protocol):
+    files_total: int
+    bytes_total: int
+    files_done: int
+    bytes_done: int
+
+
+def _progress_line(label: str, stats: _Counts) -> str:
     return (
         f"[ffdl] {label}: {stats.files_done}/{stats.files_total} files, "
         f"{stats.bytes_done / MEGABYTE:.1f}/{stats.bytes_total / MEGABYTE:.1f} MB"
@@ -205,3 +219,263 @@ def link_volume(source: str, target: str) -> None:
         os.symlink(source, target)
     except OSError as exc:
         raise StagingError(f"cannot mount {source} at {target}: {exc}") from exc
+
+
+# -- object stores ----------------------------------------------------------------------
+
+
+def object_store(location: ObjectLocation) -> DataStore:
+    """The S3 store a spec's location names (``location.root`` is ``bucket[/prefix]``)."""
+    from ffdl.storage.connection import ConnectionFieldError, S3Connection
+    from ffdl.storage.s3 import s3_store
+
+    try:
+        connection = S3Connection.from_fields(location.connection)
+    except ConnectionFieldError as exc:
+        raise StagingError(f"s3://{location.root}: {exc}") from None
+    return s3_store(connection, location.root)
+
+
+def _transfer(
+    run: Callable[[], TransferStats], label: str, progress: Callable[[str], None]
+) -> TransferStats:
+    """Run a store transfer, turning the store's errors into this module's."""
+    from ffdl.storage.base import StorageError, StoreStopped
+
+    try:
+        stats = run()
+    except StoreStopped:
+        raise StagingStopped() from None
+    except StorageError as exc:
+        raise StagingError(f"{label} failed: {exc}") from None
+    if stats.files_skipped:
+        progress(f"[ffdl] {label}: {stats.files_skipped} files already in place, not copied again")
+    return stats
+
+
+def download_objects(
+    store: DataStore,
+    prefix: str,
+    target: str,
+    *,
+    label: str,
+    progress: Callable[[str], None],
+    should_stop: Callable[[], bool] = lambda: False,
+) -> TransferStats:
+    """Download everything under ``prefix`` into ``target``; files a previous attempt left
+    (same size and modification time) are kept."""
+    return _transfer(
+        lambda: store.download(
+            prefix,
+            target,
+            progress=lambda stats: progress(_progress_line(label, stats)),
+            should_stop=should_stop,
+            skip_existing=True,
+        ),
+        label,
+        progress,
+    )
+
+
+def upload_objects(
+    source: str,
+    store: DataStore,
+    prefix: str,
+    *,
+    label: str,
+    progress: Callable[[str], None],
+    should_stop: Callable[[], bool] = lambda: False,
+    skip_existing: bool = False,
+) -> TransferStats:
+    """Upload the regular files of ``source`` under ``prefix`` (links are left out)."""
+    return _transfer(
+        lambda: store.upload(
+            source,
+            prefix,
+            progress=lambda stats: progress(_progress_line(label, stats)),
+            should_stop=should_stop,
+            skip_existing=skip_existing,
+        ),
+        label,
+        progress,
+    )
+
+
+def restore_tree(
+    store: DataStore,
+    prefix: str,
+    target: str,
+    scratch: str,
+    owner: tuple[int, int] | None,
+    *,
+    label: str,
+    progress: Callable[[str], None],
+    should_stop: Callable[[], bool] = lambda: False,
+) -> TransferStats | None:
+    """Fill an empty ``target`` (a directory the job writes) from the store; None when
+    ``target`` already holds something or the store has nothing under ``prefix``.
+
+    The files are downloaded into a fresh directory in ``scratch`` (the platform's, out of
+    the job's reach), handed to ``owner`` and only then moved into ``target``: a link the
+    job planted meanwhile is replaced, never written through.
+    """
+    try:
+        if os.listdir(target):
+            return None
+    except FileNotFoundError:
+        os.makedirs(target, exist_ok=True)
+    except OSError as exc:
+        raise StagingError(f"cannot read {target}: {exc}") from exc
+    from ffdl.storage.base import StorageError
+
+    try:
+        if not store.list(prefix):
+            return None
+    except StorageError as exc:
+        raise StagingError(f"{label} failed: {exc}") from None
+    os.makedirs(scratch, exist_ok=True, mode=0o700)
+    fresh = tempfile.mkdtemp(prefix="restore-", dir=scratch)
+    try:
+        stats = download_objects(
+            store, prefix, fresh, label=label, progress=progress, should_stop=should_stop
+        )
+        if owner is not None:
+            hand_over(fresh, *owner)
+        for name in os.listdir(fresh):
+            destination = os.path.join(target, name)
+            if not os.path.lexists(destination):
+                os.rename(os.path.join(fresh, name), destination)
+    except OSError as exc:
+        raise StagingError(f"{label} failed: {exc}") from exc
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+    return stats
+
+
+# FfDL's layout of a job's results in an object store, under <results bucket>/<training id>/.
+STORE_CHECKPOINTS_DIR = "_wml_checkpoints"
+STORE_CODE_DIR = "_submitted_code"
+STORE_CODE_ARCHIVE = "model.zip"
+
+
+class JobStore:
+    """One learner's side of a job's results store (``<bucket>/<training id>/``): results
+    (learner 1) at the top, its LOG_DIR under ``learner-N/``, the code archive under
+    ``_submitted_code/``, checkpoints under ``_wml_checkpoints/``, as FfDL laid them out."""
+
+    def __init__(
+        self,
+        location: ObjectLocation,
+        learner: int,
+        progress: Callable[[str], None],
+        scratch: str,
+    ) -> None:
+        self.location = location
+        self.learner = learner
+        self._progress = progress
+        self._scratch = scratch
+        self._store: DataStore | None = None
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.location.root}"
+
+    def store(self) -> DataStore:
+        if self._store is None:
+            self._store = object_store(self.location)
+        return self._store
+
+    def store_results(self, source: str | None, should_stop: Callable[[], bool]) -> None:
+        """Learner 1 uploads RESULT_DIR; raises ``StagingError`` or ``StagingStopped``."""
+        if self.learner != 1 or not source or not os.path.isdir(source):
+            return
+        self._progress(f"[ffdl] storing results from {source} to {self.url}")
+        upload_objects(
+            source,
+            self.store(),
+            "",
+            label="storing results",
+            progress=self._progress,
+            should_stop=should_stop,
+        )
+
+    def store_logs_and_code(
+        self, log_dir: str | None, archive: str | None, should_stop: Callable[[], bool]
+    ) -> None:
+        """This learner's LOG_DIR and (learner 1) the code archive; the results stand
+        without them, so a failure is only told."""
+        try:
+            if log_dir and os.path.isdir(log_dir):
+                upload_objects(
+                    log_dir,
+                    self.store(),
+                    f"learner-{self.learner}",
+                    label="storing logs",
+                    progress=self._progress,
+                    should_stop=should_stop,
+                )
+            if self.learner == 1 and archive and os.path.isfile(archive):
+                # Uploaded from a copy of the platform's own: the archive's directory holds
+                # more than the archive.
+                staged = os.path.join(self._scratch, "submitted_code")
+                os.makedirs(staged, mode=0o700, exist_ok=True)
+                copy = os.path.join(staged, STORE_CODE_ARCHIVE)
+                if not os.path.exists(copy):
+                    shutil.copyfile(archive, copy)
+                upload_objects(
+                    staged,
+                    self.store(),
+                    STORE_CODE_DIR,
+                    label="storing the model definition",
+                    progress=self._progress,
+                    should_stop=should_stop,
+                    skip_existing=True,
+                )
+        except StagingStopped:
+            return
+        except (StagingError, OSError) as exc:
+            self._progress(f"[ffdl] storing logs failed: {exc}")
+
+    def save_checkpoints(self, source: str | None, should_stop: Callable[[], bool]) -> None:
+        """Learner 1 uploads CHECKPOINT_DIR (unchanged files are not sent again); a failure
+        is told, never the attempt's."""
+        if self.learner != 1 or not source or not os.path.isdir(source):
+            return
+        try:
+            if os.listdir(source):
+                upload_objects(
+                    source,
+                    self.store(),
+                    STORE_CHECKPOINTS_DIR,
+                    label="saving checkpoints",
+                    progress=self._progress,
+                    should_stop=should_stop,
+                    skip_existing=True,
+                )
+        except StagingStopped:
+            return
+        except (StagingError, OSError) as exc:
+            self._progress(f"[ffdl] saving checkpoints failed: {exc}")
+
+    def restore_checkpoints(
+        self, target: str | None, owner: tuple[int, int] | None, should_stop: Callable[[], bool]
+    ) -> None:
+        """Fill an empty CHECKPOINT_DIR from the store (a later attempt on another machine);
+        raises ``StagingError`` or ``StagingStopped``."""
+        if not target:
+            return
+        restored = restore_tree(
+            self.store(),
+            STORE_CHECKPOINTS_DIR,
+            target,
+            os.path.join(self._scratch, "restore"),
+            owner,
+            label="restoring checkpoints",
+            progress=self._progress,
+            should_stop=should_stop,
+        )
+        if restored is not None:
+            self._progress(
+                f"[ffdl] restored {restored.files_total} checkpoint files from "
+                f"{self.url}/{STORE_CHECKPOINTS_DIR} into {target}"
+            )

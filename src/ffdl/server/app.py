@@ -17,7 +17,7 @@ from starlette.routing import Match
 
 from ffdl.backends.base import Backend
 from ffdl.backends.local import LocalBackend
-from ffdl.core.errors import FfdlError
+from ffdl.core.errors import FfdlError, error_body
 from ffdl.server.auth import JobTokens, bootstrap, load_or_create_secret
 from ffdl.server.credentials import CredentialVault
 from ffdl.server.home import secure_home
@@ -26,18 +26,21 @@ from ffdl.server.loops.lcm import lcm_pass
 from ffdl.server.loops.monitor import monitor_pass
 from ffdl.server.loops.runner import run_forever
 from ffdl.server.loops.scheduler import SchedulerLoop
+from ffdl.server.loops.webhooks import WebhookLoop
 from ffdl.server.platform import Platform
 from ffdl.server.routers import (
     admin,
     audit,
     cluster,
     dashboard,
+    events,
     health,
     internal,
     logs,
     models,
     stream,
     tokens,
+    training_logs,
 )
 from ffdl.server.routers.health import ffdl_version
 from ffdl.server.routers.responses import without_validation_422
@@ -89,6 +92,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
             )
             for name, step, interval, min_gap in loops
         ]
+        tasks.append(asyncio.create_task(WebhookLoop(platform).run(), name="webhooks"))
         try:
             yield
         finally:
@@ -109,7 +113,10 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     for module in (
         health,
         models,
+        # ``/events/stream`` before ``/events/{event_type}``: the fixed path must win.
         stream,
+        events,
+        training_logs,
         logs,
         cluster,
         admin,
@@ -119,6 +126,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         dashboard,
     ):
         app.include_router(module.router)
+    app.include_router(admin.users_router)
     _install_error_handlers(app)
     return app
 
@@ -143,7 +151,7 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(FfdlError)
     async def ffdl_error(_request: Request, exc: FfdlError) -> JSONResponse:
-        return JSONResponse(status_code=exc.http_status, content=exc.to_json())
+        return JSONResponse(status_code=exc.http_status, content=exc.to_json(), headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -152,14 +160,8 @@ def _install_error_handlers(app: FastAPI) -> None:
             where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query"))
             problems.append({"field": where, "reason": err.get("msg", "invalid")})
         first = problems[0] if problems else {"field": "", "reason": "invalid request"}
-        return JSONResponse(
-            status_code=400,
-            content={
-                "error": f"invalid request: {first['field']}: {first['reason']}",
-                "code": "C100",
-                "detail": problems,
-            },
-        )
+        message = f"invalid request: {first['field']}: {first['reason']}"
+        return JSONResponse(status_code=400, content=error_body(400, message, "C100", problems))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -171,7 +173,7 @@ def _install_error_handlers(app: FastAPI) -> None:
                 headers["Allow"] = ", ".join(allowed)
         return JSONResponse(
             status_code=exc.status_code,
-            content={"error": str(exc.detail), "code": f"H{exc.status_code}", "detail": None},
+            content=error_body(exc.status_code, str(exc.detail), f"H{exc.status_code}"),
             headers=headers,
         )
 
@@ -180,5 +182,5 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.exception("unhandled error", exc_info=exc)
         return JSONResponse(
             status_code=500,
-            content={"error": "internal server error", "code": "E500", "detail": None},
+            content=error_body(500, "internal server error", "E500"),
         )

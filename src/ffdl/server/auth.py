@@ -7,10 +7,17 @@ re-deployed controller without storing it, and a token is valid for that one job
 
 Roles: a platform admin acts on every tenant, a tenant admin (role ``admin``) on its own
 tenant's users, a member on its tenant's jobs. The bootstrap user is the platform admin.
+
+Users with a password may also sign in with HTTP Basic, as FfDL's clients do: the user name
+is the user's id (``tenant.name``, ``admin`` for the bootstrap admin), or for a user of the
+default tenant its bare name. ``ffdl.server.passwords`` hashes and verifies. FfDL's
+``X-Watson-Userinfo`` header names the caller only when the operator declares a trusted proxy.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import json
@@ -20,11 +27,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import AuthError
+from ffdl.server.passwords import BASIC_CHALLENGE, SignIns, TooManyAttempts
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
 from ffdl.server.store.models import ApiToken, Tenant, User
@@ -39,6 +48,12 @@ RENEW_WITHIN = timedelta(days=7)
 # ``last_used_at`` is rewritten at most this often per token: recording every request
 # would make each one a database write.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
+# What FfDL's command-line client prints for any 401; the answer to a failed Basic sign-in.
+BAD_CREDENTIALS = "Bad username or password."
+BEARER_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="ffdl"'}
+USERINFO_HEADER = "X-Watson-Userinfo"
+# The key of ``X-Watson-Userinfo`` (``key=value`` pairs separated by ``;``) naming the user.
+USERINFO_USER_KEY = "bluemix-instance-id"
 
 
 class Role(StrEnum):
@@ -200,10 +215,47 @@ def bootstrap(store: Store, settings: Settings) -> None:
     _write_private(config_path, json.dumps({"url": settings.api_url, "token": token}, indent=2))
 
 
-def authenticate(store: Store, authorization: str | None) -> Principal:
-    if not authorization or not authorization.lower().startswith("bearer "):
-        raise AuthError("missing bearer token: send 'Authorization: Bearer <token>'")
-    token_hash = hash_token(authorization.split(" ", 1)[1].strip())
+def refused(message: str, challenge: dict[str, str], detail: Any = None) -> AuthError:
+    """A 401 with its ``WWW-Authenticate`` challenge."""
+    error = AuthError(message, detail=detail)
+    error.headers = dict(challenge)
+    return error
+
+
+def find_user(session: Session, name: str) -> User | None:
+    """The user called ``name``: its id, or the bare name of a user of the default tenant."""
+    user = session.get(User, name)
+    if user is None and name and "." not in name:
+        user = session.get(User, f"{DEFAULT_TENANT}.{name}")
+    return user
+
+
+def authenticate(
+    store: Store,
+    authorization: str | None,
+    *,
+    sign_ins: SignIns | None = None,
+    client: str = "",
+) -> Principal:
+    """The caller named by an ``Authorization`` header: a bearer token, or HTTP Basic."""
+    scheme, _, credentials = (authorization or "").strip().partition(" ")
+    if scheme.lower() == "bearer":
+        return _authenticate_token(store, credentials.strip())
+    if scheme.lower() == "basic":
+        return sign_in_basic(store, sign_ins or SignIns(), credentials.strip(), client)
+    if not scheme:
+        raise refused(
+            "missing credentials: send 'Authorization: Bearer <token>', or HTTP Basic with "
+            "a user name and password",
+            BASIC_CHALLENGE,
+        )
+    raise refused(
+        f"unsupported authorization scheme {scheme[:32]!r}: use Bearer or Basic", BASIC_CHALLENGE
+    )
+
+
+def _authenticate_token(store: Store, token: str) -> Principal:
+    token_hash = hash_token(token)
     with store.read() as session:
         row = session.execute(
             select(
@@ -218,13 +270,14 @@ def authenticate(store: Store, authorization: str | None) -> Principal:
             .where(ApiToken.token_hash == token_hash)
         ).first()
     if row is None:
-        raise AuthError("invalid or revoked token")
+        raise refused("invalid or revoked token", BEARER_CHALLENGE)
     user_id, tenant_id, role, token_id, expires_at, last_used_at = row
     now = utcnow()
     if expires_at is not None and expires_at <= now:
-        raise AuthError(
+        raise refused(
             f"token expired at {iso(expires_at)}: get a new one (`ffdl token create` "
             "with a valid token, or from an admin)",
+            BEARER_CHALLENGE,
             detail={"reason": "expired", "expires_at": iso(expires_at)},
         )
     if last_used_at is None or now - last_used_at >= LAST_USED_RESOLUTION:
@@ -233,3 +286,86 @@ def authenticate(store: Store, authorization: str | None) -> Principal:
                 update(ApiToken).where(ApiToken.token_hash == token_hash).values(last_used_at=now)
             )
     return Principal(user_id=user_id, tenant_id=tenant_id, role=role, token_id=token_id)
+
+
+def parse_basic(credentials: str) -> tuple[str, str]:
+    """``(user, password)`` of the base64 part of a Basic ``Authorization`` header."""
+    try:
+        decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        raise refused(
+            "malformed Basic credentials: expected base64 of 'user:password'", BASIC_CHALLENGE
+        ) from None
+    username, colon, password = decoded.partition(":")
+    if not colon or not username:
+        raise refused(
+            "malformed Basic credentials: expected base64 of 'user:password'", BASIC_CHALLENGE
+        )
+    return username, password
+
+
+def _principal_with_hash(store: Store, user_id: str, password_hash: str) -> Principal | None:
+    """The user ``user_id`` if its stored password hash is still ``password_hash``."""
+    with store.read() as session:
+        row = session.execute(
+            select(User.tenant_id, User.role).where(
+                User.id == user_id, User.password_hash == password_hash
+            )
+        ).first()
+    return None if row is None else Principal(user_id=user_id, tenant_id=row[0], role=row[1])
+
+
+def sign_in_basic(store: Store, sign_ins: SignIns, credentials: str, client: str) -> Principal:
+    """The user of HTTP Basic ``credentials``; 401 with FfDL's message when they are wrong."""
+    username, password = parse_basic(credentials)
+    remembered = sign_ins.remembered(username, password)
+    if remembered is not None:
+        principal = _principal_with_hash(store, *remembered)
+        if principal is not None:
+            return principal
+        sign_ins.forget(username, password)
+    wait = sign_ins.blocked_for(username, client)
+    if wait > 0:
+        raise TooManyAttempts(
+            f"too many failed sign-ins as {username[:64]!r}: try again in {wait:.0f} s", wait
+        )
+    with store.read() as session:
+        user = find_user(session, username)
+        found = None if user is None else Principal(user.id, user.tenant_id, user.role)
+        password_hash = None if user is None else user.password_hash
+    verified = sign_ins.verify(password_hash, password)
+    if found is None or password_hash is None or not verified.ok:
+        sign_ins.failed(username, client)
+        raise refused(BAD_CREDENTIALS, BASIC_CHALLENGE)
+    sign_ins.succeeded(username, client)
+    if verified.rehashed is not None:
+        # Only over the hash just verified: a password set meanwhile is never overwritten.
+        with store.write() as session:
+            stale = session.scalar(
+                select(User).where(User.id == found.user_id, User.password_hash == password_hash)
+            )
+            if stale is not None:
+                stale.password_hash = password_hash = verified.rehashed
+    sign_ins.remember(username, password, found.user_id, password_hash)
+    return found
+
+
+def userinfo_user(header: str) -> str | None:
+    """The user named by an ``X-Watson-Userinfo`` value (``key=value;...``), if any."""
+    for pair in header.split(";"):
+        key, equals, value = pair.partition("=")
+        if equals and key.strip() == USERINFO_USER_KEY and value.strip():
+            return value.strip()
+    return None
+
+
+def authenticate_userinfo(store: Store, header: str) -> Principal:
+    """The caller a trusted proxy names in ``X-Watson-Userinfo``."""
+    name = userinfo_user(header)
+    if name is None:
+        raise refused(f"Missing or malformed {USERINFO_HEADER} header.", BASIC_CHALLENGE)
+    with store.read() as session:
+        user = find_user(session, name)
+        if user is None:
+            raise refused(f"{USERINFO_HEADER} names no user here: {name[:64]!r}", BASIC_CHALLENGE)
+        return Principal(user_id=user.id, tenant_id=user.tenant_id, role=user.role)

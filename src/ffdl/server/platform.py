@@ -10,6 +10,7 @@ from datetime import datetime
 from ffdl.backends.base import Backend
 from ffdl.server.auth import JobTokens
 from ffdl.server.credentials import CredentialVault
+from ffdl.server.passwords import SignIns
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
 from ffdl.server.store.transitions import utcnow
@@ -51,6 +52,8 @@ class Platform:
     # Seals data-store credentials in stored manifests; see ``ffdl.server.credentials``.
     credentials: CredentialVault
     wakeups: Wakeups = field(default_factory=Wakeups)
+    # HTTP Basic sign-ins: recent successes, failure back-off (``ffdl.server.passwords``).
+    sign_ins: SignIns = field(default_factory=SignIns)
     # When this control plane started (naive UTC, like the store's times): silence is
     # measured from here at the earliest, since no controller could be heard before.
     started_at: datetime = field(default_factory=utcnow)

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ffdl.server.services.runtimes import RuntimeConfig, check_runtimes
 
 
 class NodeConfig(BaseModel):
@@ -78,17 +80,64 @@ class Settings(BaseSettings):
     sandbox_uid_base: int = Field(default=200_000, ge=1000)
     sandbox_uid_count: int = Field(default=60_000, ge=1)
 
+    # Framework runtimes (``services/runtimes.py``): what ``framework.name``/``version``
+    # run on. Frameworks declared here replace the platform's defaults for that framework.
+    runtimes: list[RuntimeConfig] = Field(default_factory=list)
+
     # Host paths that `local` and `mount_volume` data stores may use (default: HOME/stores).
     store_paths: list[Path] = Field(default_factory=list)
 
+    # Object stores (s3_datastore, mount_cos): the server and the controllers connect to the
+    # endpoint a manifest names, from the platform's network. Endpoints whose host resolves
+    # only to public addresses are allowed (unless object_store_public_endpoints is off);
+    # private, loopback, link-local and other internal addresses only when listed here, as
+    # URLs ("http://minio.internal:9000"), "host:port" or "host".
+    object_store_endpoints: list[str] = Field(default_factory=list)
+    object_store_public_endpoints: bool = True
+    # A store without an endpoint uses AWS's S3 endpoint for its region, if the operator says so.
+    object_store_aws_default: bool = False
+    # Endpoints manifests name -> the endpoint actually used, for manifests written for
+    # another cluster (FfDL's examples name "http://s3.default.svc.cluster.local"). The
+    # endpoint used must still be allowed by the two settings above.
+    object_store_endpoint_aliases: dict[str, str] = Field(default_factory=dict)
+
     # API tokens expire this many days after creation unless created with another lifetime.
     token_ttl_days: float = Field(default=90.0, gt=0)
+    # HTTP Basic: the shortest password an admin or a user may set.
+    password_min_length: int = Field(default=8, ge=1, le=1024)
+    # Take the caller from ``X-Watson-Userinfo: bluemix-instance-id=USER``, as FfDL's gateway
+    # sent it. Only behind a proxy that authenticates every request and strips this header
+    # from what clients send: anyone can send it, so it is ignored unless this is on.
+    trusted_proxy: bool = False
+
+    # Event webhooks (``/v1/models/{id}/events/...``). The server itself makes these
+    # requests, so callback hosts are checked against an allow-list: ``public`` admits any
+    # host whose addresses are all globally routable; other entries are host names
+    # (``hooks.example.com``, ``*.example.com``), IP addresses or networks (``10.0.0.0/8``)
+    # admitted whatever they resolve to. An empty list turns registration off.
+    webhook_allowed_hosts: list[str] = Field(default_factory=lambda: ["public"])
+    webhook_interval_s: float = Field(default=1.0, gt=0)
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    webhook_max_attempts: int = Field(default=8, ge=1)
+    webhook_retry_base_s: float = Field(default=1.0, gt=0)  # doubled after each failure
+    webhook_retry_max_s: float = Field(default=300.0, gt=0)
+    webhook_max_endpoints_per_job: int = Field(default=16, ge=1)
 
     # Upload limits.
     max_manifest_bytes: int = 1024 * 1024
     max_archive_bytes: int = 512 * 1024 * 1024
     max_archive_files: int = 20_000
     max_unpacked_bytes: int = 2 * 1024 * 1024 * 1024
+
+    @field_validator("runtimes")
+    @classmethod
+    def _unambiguous_runtimes(cls, value: list[RuntimeConfig]) -> list[RuntimeConfig]:
+        return check_runtimes(value)
+
+    @property
+    def runtimes_dir(self) -> Path:
+        """Where built runtime environments are cached."""
+        return self.home / "runtimes"
 
     @property
     def db_url(self) -> str:

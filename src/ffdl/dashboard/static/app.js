@@ -156,17 +156,21 @@
     }
     if (generation !== state.generation) throw new ApiError(-1, "superseded");
     if (response.status === 401) {
-      const reason = payload && payload.error ? payload.error : "token rejected";
+      const reason = errorMessage(payload) || "token rejected";
       askForToken(`The server rejected the token: ${reason}`);
-      throw new ApiError(401, reason, payload && payload.code);
+      throw new ApiError(401, reason, payload && payload.ffdl_code);
     }
     if (!response.ok) {
-      const reason = payload && payload.error
-        ? payload.error
-        : `${response.status} ${response.statusText}`;
-      throw new ApiError(response.status, reason, payload && payload.code);
+      const reason = errorMessage(payload) || `${response.status} ${response.statusText}`;
+      throw new ApiError(response.status, reason, payload && payload.ffdl_code);
     }
     return payload;
+  }
+
+  // An error answer's message: FfDL's `description` (its `error` is only the status phrase).
+  function errorMessage(payload) {
+    if (!payload) return "";
+    return payload.description || payload.error || "";
   }
 
   function setConnection(kind, text) {
@@ -184,8 +188,8 @@
       el("code", {}, model.model_id),
       model.name || "",
       badge(status.status),
-      status.status_description || "",
-      el("time", { datetime: status.submitted }, localTime(status.submitted)),
+      status.status_message || "",
+      el("time", { datetime: status.submitted_at }, localTime(status.submitted_at)),
       `${training.learners ?? "?"}×${training.gpus ?? "?"}`,
       String(model.priority ?? ""),
     ];
@@ -308,16 +312,16 @@
     const status = training.training_status || {};
     const entries = [
       ["Status", badge(status.status)],
-      ["Reason", status.status_description || "–"],
+      ["Reason", status.status_message || "–"],
       ["Error code", status.error_code || "–"],
       ["Exit code", status.exit_code ?? "–"],
       ["Queue", queueText(model.queue)],
       ["Placement", placementText(model.placement)],
       ["Results", (model.results && model.results.location) || "–"],
-      ["Command", (model.framework && model.framework.command) || "–"],
-      ["Submitted", localTime(status.submitted) || "–"],
-      ["Started", localTime(status.started) || "–"],
-      ["Completed", localTime(status.completed) || "–"],
+      ["Command", training.command || "–"],
+      ["Submitted", localTime(status.submitted_at) || "–"],
+      ["Started", localTime(status.started_at) || "–"],
+      ["Completed", localTime(status.completed_at) || "–"],
       ["Attempts", attemptsList(model)],
     ];
     const items = [];
@@ -408,12 +412,13 @@
     if (live || state.selectedLive || !state.detailLoaded) {
       const path = encodeURIComponent(id);
       const [logs, metrics] = await Promise.all([
-        api("GET", `/v1/logs/${path}/loglines?pos=-${LOG_LINES}&pagesize=${LOG_LINES}`),
-        api("GET", `/v1/logs/${path}/emetrics?pos=-${METRIC_RECORDS}&pagesize=${METRIC_RECORDS}`),
+        // pos=-1: the page that ends with the last record (FfDL's paging).
+        api("GET", `/v1/logs/${path}/loglines?pos=-1&pagesize=${LOG_LINES}`),
+        api("GET", `/v1/logs/${path}/emetrics?pos=-1&pagesize=${METRIC_RECORDS}`),
       ]);
       if (state.selected !== id) return;
-      renderLogs(logs.lines || []);
-      renderMetrics(metrics.records || []);
+      renderLogs(logs.models || []);
+      renderMetrics(metrics.models || []);
       state.detailLoaded = true;
     }
     state.selectedLive = live;

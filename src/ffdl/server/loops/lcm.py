@@ -24,18 +24,30 @@ from ffdl.core.errors import ArchiveError, FfdlError, IllegalTransition
 from ffdl.core.manifest import Manifest
 from ffdl.core.resources import Placement
 from ffdl.core.status import TERMINAL_LEARNER_STATES, ErrorCode, JobStatus, LearnerStatus
-from ffdl.learner.spec import DataMount, LearnerSpec
+from ffdl.learner.spec import OBJECT_STORE_KIND, DataMount, LearnerSpec
 from ffdl.learner.staging import StagingError, hand_over
 from ffdl.server.loops.scheduler import PREEMPTED, free_port
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job, aggregate_job_failure
 from ffdl.server.services.archive import unpack_archive
 from ffdl.server.services.jobdirs import JobDirs
+from ffdl.server.services.learner_env import (
+    ffdl_variables,
+    job_runtime,
+    runtime_path,
+    runtime_read_only,
+)
 from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.services.placing import place_alone
 from ffdl.server.services.queries import current_learners
 from ffdl.server.services.sandboxing import learner_sandbox, sandbox_owner
-from ffdl.server.services.stores import StoreError, results_path, training_data_path
+from ffdl.server.services.stores import (
+    StoreError,
+    learner_locations,
+    results_path,
+    results_url,
+    training_data_path,
+)
 from ffdl.server.store.models import DeployStep, Job, Learner
 from ffdl.server.store.transitions import set_job_status, set_learner_status, utcnow
 
@@ -120,7 +132,9 @@ def deploy(platform: Platform, job_id: str) -> None:
                 hand_over(str(dirs.code), *owner)
                 dirs.code.chmod(0o700)
             _record_results_location(
-                platform, job_id, results_path(platform.settings, manifest, job_id)
+                platform,
+                job_id,
+                results_path(platform.settings, manifest, job_id) or results_url(manifest, job_id),
             )
             _record_step(platform, job_id, attempt, "prepare")
         for lp in placement.learners:
@@ -156,7 +170,7 @@ def deploy(platform: Platform, job_id: str) -> None:
         _fail(platform, job_id, f"deploy failed: {exc}", code.value)
 
 
-def _record_results_location(platform: Platform, job_id: str, target: Path | None) -> None:
+def _record_results_location(platform: Platform, job_id: str, target: Path | str | None) -> None:
     location = target or JobDirs.of(platform.settings.jobs_dir, job_id).results
     with platform.store.write() as session:
         job = session.get(Job, job_id)
@@ -201,6 +215,14 @@ def build_spec(
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "FFDL_GPUS": str(manifest.gpus * len(placement.learners)),
     }
+    runtime = job_runtime(platform, job_id, manifest)
+    env["PATH"] = runtime_path(runtime, settings.learner_path)
+    if runtime.built:
+        env["VIRTUAL_ENV"] = str(runtime.env_dir)
+    num_learners = len(placement.learners)
+    env.update(
+        ffdl_variables(job_id, manifest, learner, num_learners, dirs, sandboxed=settings.sandbox)
+    )
     if len(placement.learners) > 1 and master_port is not None:
         same_node = [lp.learner for lp in placement.learners if lp.node == me.node]
         env.update(
@@ -224,11 +246,24 @@ def build_spec(
         if store.type == "mount_volume":
             volume = str(source)
     results_target = results_path(settings, manifest, job_id) if learner == 1 else None
+    # Object stores: data downloaded from the bucket; results, logs and checkpoints kept
+    # under <results bucket>/<training id>/ (credentials opened only for the spec).
+    data_objects, results_store = learner_locations(
+        settings, platform.credentials, manifest, job_id
+    )
+    if data_objects is not None:
+        data.append(
+            DataMount(
+                kind=OBJECT_STORE_KIND,
+                source=f"s3://{data_objects.root}",
+                target=str(dirs.data),
+                store=data_objects,
+            )
+        )
     groups = {}
-    if manifest.evaluation_metrics is not None:
-        groups = {
-            name: group.model_dump() for name, group in manifest.evaluation_metrics.groups.items()
-        }
+    metrics_settings = manifest.evaluation_metrics
+    if metrics_settings is not None:
+        groups = {name: group.model_dump() for name, group in metrics_settings.groups.items()}
     return LearnerSpec(
         training_id=job_id,
         learner=learner,
@@ -244,6 +279,9 @@ def build_spec(
         results_target=str(results_target) if results_target else None,
         emetrics_file=str(dirs.logs(learner) / "emetrics.jsonl"),
         metric_groups=groups,
+        metrics_type=metrics_settings.type if metrics_settings else None,
+        metrics_in=metrics_settings.in_ if metrics_settings else None,
+        metrics_line_lookahead=metrics_settings.line_lookahead if metrics_settings else None,
         state_dir=str(dirs.controller(learner, attempt)),
         sandbox=learner_sandbox(
             platform,
@@ -256,10 +294,16 @@ def build_spec(
             cpus=manifest.cpus,
             dirs=dirs,
             volume=volume,
+            runtime_paths=runtime_read_only(runtime, settings.home),
         ),
         halt_grace_s=settings.halt_grace_s,
         heartbeat_s=settings.heartbeat_s,
         report_deadline_s=settings.report_deadline_s,
+        runtime=runtime,
+        log_dir=str(dirs.logs(learner)),
+        results_store=results_store,
+        checkpoint_dir=str(dirs.checkpoints) if results_store is not None else None,
+        code_archive=str(dirs.archive) if results_store is not None and learner == 1 else None,
     )
 
 

@@ -1,19 +1,45 @@
-"""``/v1/logs/{id}``: FfDL's log lines and evaluation metrics."""
+"""``/v1/logs/{id}``: FfDL's log lines and evaluation metrics, as ``{"models": [...]}`` pages."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
+from ffdl.server.routers.ffdl_params import FFDL_QUERY, SearchType
 from ffdl.server.routers.responses import AUTHENTICATED, errors
 from ffdl.server.services import logs
 from ffdl.server.services.queries import load_job
 
 router = APIRouter(
-    prefix="/v1/logs", tags=["logs"], responses={**AUTHENTICATED, **errors(400, 404)}
+    prefix="/v1/logs",
+    tags=["logs"],
+    responses={**AUTHENTICATED, **errors(400, 404)},
+    dependencies=FFDL_QUERY,
 )
+
+SinceTime = Annotated[
+    str | None,
+    Query(
+        description=(
+            "Records from this time on: epoch milliseconds or ISO 8601. A negative whole "
+            "number -N starts the page N records before the end."
+        )
+    ),
+]
+PageSize = Annotated[
+    int | None, Query(description=f"Records per page (default {logs.DEFAULT_PAGE}).")
+]
+Pos = Annotated[
+    int | None,
+    Query(
+        description=(
+            "Records to skip from the start; negative: the page ends at the -pos-th record "
+            "from the end (-1: the last page)."
+        )
+    ),
+]
 
 
 @router.get("/{model_id}/loglines")
@@ -21,14 +47,15 @@ def get_loglines(
     platform: PlatformDep,
     principal: PrincipalDep,
     model_id: str,
-    since_time: str | None = None,
-    pagesize: int | None = None,
-    pos: int | None = None,
+    since_time: SinceTime = None,
+    pagesize: PageSize = None,
+    pos: Pos = None,
+    search_type: SearchType = None,
 ) -> dict[str, Any]:
     with platform.store.read() as session:
-        load_job(session, principal, model_id)
-        lines = logs.loglines(session, model_id, since_time=since_time, pagesize=pagesize, pos=pos)
-    return {"lines": lines}
+        job = load_job(session, principal, model_id)
+        lines = logs.loglines(session, job, since_time=since_time, pagesize=pagesize, pos=pos)
+    return {"models": lines}
 
 
 @router.get("/{model_id}/emetrics")
@@ -36,13 +63,12 @@ def get_emetrics(
     platform: PlatformDep,
     principal: PrincipalDep,
     model_id: str,
-    since_time: str | None = None,
-    pagesize: int | None = None,
-    pos: int | None = None,
+    since_time: SinceTime = None,
+    pagesize: PageSize = None,
+    pos: Pos = None,
+    search_type: SearchType = None,
 ) -> dict[str, Any]:
     with platform.store.read() as session:
-        load_job(session, principal, model_id)
-        records = logs.emetrics(
-            session, model_id, since_time=since_time, pagesize=pagesize, pos=pos
-        )
-    return {"records": records}
+        job = load_job(session, principal, model_id)
+        records = logs.emetrics(session, job, since_time=since_time, pagesize=pagesize, pos=pos)
+    return {"models": records}

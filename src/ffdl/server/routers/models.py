@@ -1,4 +1,9 @@
-"""``/v1/models``: FfDL's training job resource."""
+"""``/v1/models``: FfDL's training job resource.
+
+On FfDL's paths the answers have FfDL's shapes (``services/queries.py``); FfDL's clients'
+``?version=`` is accepted everywhere. Downloads answer ``application/octet-stream``, the only
+type FfDL's client writes to a file. DELETE removes the job as FfDL did, cancelling it first.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ffdl.core.errors import BadRequest, NotFound, PayloadTooLarge
 from ffdl.core.limits import MAX_COUNT, MAX_INT64, bounded_int
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
+from ffdl.server.routers.ffdl_params import FFDL_QUERY
 from ffdl.server.routers.responses import AUTHENTICATED, download, errors, header
 from ffdl.server.services import control
 from ffdl.server.services.archive import zip_directory
@@ -19,7 +25,13 @@ from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.queries import list_jobs, load_job, model_detail, model_summary
 from ffdl.server.services.submit import submit_job
 
-router = APIRouter(prefix="/v1/models", tags=["models"], responses=AUTHENTICATED)
+router = APIRouter(
+    prefix="/v1/models",
+    tags=["models"],
+    responses={**AUTHENTICATED, **errors(400)},
+    dependencies=FFDL_QUERY,
+)
+DOWNLOAD_TYPE = "application/octet-stream"
 
 
 class ModelPatch(BaseModel):
@@ -113,7 +125,7 @@ def patch_model(
     fields = body.model_dump(exclude_none=True)
     if len(fields) != 1:
         raise BadRequest(
-            'send exactly one of {"status": "halt"|"resume"}, {"priority": N}, {"gpus": N}'
+            'send exactly one of {"status": "halt"|"resume"|"cancel"}, {"priority": N}, {"gpus": N}'
         )
     if body.status is not None:
         action = body.status.lower()
@@ -121,9 +133,11 @@ def patch_model(
             control.halt_job(platform, principal, model_id)
         elif action == "resume":
             control.resume_job(platform, principal, model_id)
+        elif action == "cancel":
+            control.cancel_job(platform, principal, model_id)
         else:
             raise BadRequest(
-                f"status must be 'halt' or 'resume', got {body.status!r}",
+                f"status must be 'halt', 'resume' or 'cancel', got {body.status!r}",
                 detail={"field": "status"},
             )
     elif body.priority is not None:
@@ -138,13 +152,17 @@ def patch_model(
 
 @router.delete("/{model_id}", responses=errors(404, 409))
 def delete_model(platform: PlatformDep, principal: PrincipalDep, model_id: str) -> dict[str, Any]:
+    """Cancel the job if it is live, then remove it: `deleted` says whether it is gone."""
     return control.delete_job(platform, principal, model_id)
 
 
 @router.get(
     "/{model_id}/definition",
     response_class=FileResponse,
-    responses={**download("application/zip", "The model definition as submitted"), **errors(404)},
+    responses={
+        **download(DOWNLOAD_TYPE, "The model definition as submitted (a zip)"),
+        **errors(404),
+    },
 )
 def get_definition(platform: PlatformDep, principal: PrincipalDep, model_id: str) -> FileResponse:
     with platform.store.read() as session:
@@ -152,22 +170,28 @@ def get_definition(platform: PlatformDep, principal: PrincipalDep, model_id: str
     path = JobDirs.of(platform.settings.jobs_dir, model_id).archive
     if not path.exists():
         raise NotFound(f"model definition of {model_id} is no longer stored")
-    return FileResponse(path, media_type="application/zip", filename=f"{model_id}-definition.zip")
+    return FileResponse(path, media_type=DOWNLOAD_TYPE, filename=f"{model_id}-definition.zip")
 
 
 @router.get(
     "/{model_id}/trained_model",
     response_class=Response,
-    responses={**download("application/zip", "The job's results directory"), **errors(404)},
+    responses={**download(DOWNLOAD_TYPE, "The job's results directory (a zip)"), **errors(404)},
 )
 def get_trained_model(platform: PlatformDep, principal: PrincipalDep, model_id: str) -> Response:
     with platform.store.read() as session:
         job = load_job(session, principal, model_id)
         location = job.results_location
-    if location is None or not Path(location).exists():
+    # Results stored into a host path are read there; those uploaded to an object store (an
+    # s3:// location, whose credentials are erased once the job ends) are read from the job's
+    # own results directory, where they were written before the upload.
+    own = JobDirs.of(platform.settings.jobs_dir, model_id).results
+    stored = Path(location) if location and "://" not in location else None
+    found = next((path for path in (stored, own) if path is not None and path.is_dir()), None)
+    if found is None:
         raise NotFound(f"{model_id} has no trained model yet")
     return Response(
-        zip_directory(Path(location)),
-        media_type="application/zip",
+        zip_directory(found),
+        media_type=DOWNLOAD_TYPE,
         headers={"Content-Disposition": f'attachment; filename="{model_id}-trained-model.zip"'},
     )

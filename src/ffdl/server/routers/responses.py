@@ -1,11 +1,11 @@
 """What the routers document besides their success answers, from one shared definition.
 
 Every error the API gives is an :class:`ffdl.core.errors.FfdlError` (or a request the app
-refuses before a handler runs, see ``app.py``), rendered as ``{"error", "code", "detail"}``:
-:class:`ErrorBody`. A router passes ``responses=errors(...)`` with the statuses its routes
-can really answer, so the OpenAPI that FastAPI generates lists them. Request validation
-fails with a 400 here, never FastAPI's 422, which :func:`without_validation_422` drops
-from the generated document.
+refuses before a handler runs, see ``app.py``), rendered in FfDL's error shape with ffdl's
+own code added: :class:`ErrorBody`. A router passes ``responses=errors(...)`` with the
+statuses its routes can really answer, so the OpenAPI that FastAPI generates lists them.
+Request validation fails with a 400 here, never FastAPI's 422, which
+:func:`without_validation_422` drops from the generated document.
 """
 
 from __future__ import annotations
@@ -18,10 +18,15 @@ ErrorDetail = dict[str, Any] | list[dict[str, Any]] | None
 
 
 class ErrorBody(BaseModel):
-    """Every error answer: a message for people, a stable code, and machine-readable detail."""
+    """Every error answer: FfDL's ``code``/``error``/``description``, ffdl's stable code and
+    machine-readable detail."""
 
-    error: str = Field(description="what went wrong, for people")
-    code: str = Field(description="a stable code, e.g. C101 (manifest), C103 (auth), S100")
+    code: int = Field(description="the HTTP status, as FfDL's clients decode it")
+    error: str = Field(description="the HTTP status's short phrase, e.g. `Not Found`")
+    description: str = Field(description="what went wrong, for people")
+    ffdl_code: str = Field(
+        description="ffdl's stable code, e.g. C101 (manifest), C103 (auth), C404, S100"
+    )
     detail: ErrorDetail = Field(
         default=None,
         description="the offending field and why, or one entry per invalid request field",

@@ -9,69 +9,35 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
-from sqlalchemy import select
 
-from ffdl.core.status import JobStatus, is_terminal
-from ffdl.server.platform import Platform
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
 from ffdl.server.routers.responses import AUTHENTICATED, errors, event_stream
-from ffdl.server.services.logs import lines_after, log_item, metric_item, metrics_after
+from ffdl.server.services.follow import Batch, Cursor, follow
+from ffdl.server.services.logs import log_item, metric_item
 from ffdl.server.services.queries import iso, load_job
-from ffdl.server.store.models import Event, Job
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=AUTHENTICATED)
 
-_POLL_S = 0.2
 _KEEPALIVE_S = 10.0
-_BATCH = 500
-
-
-@dataclass
-class _Cursor:
-    log_id: int
-    metric_id: int = 0
-    event_id: int = 0
-    frames: list[str] = field(default_factory=list)
 
 
 def _frame(kind: str, data: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
-def _poll(platform: Platform, job_id: str, cursor: _Cursor) -> str | None:
-    """Collect new frames into ``cursor``; return the job's status when it has ended."""
-    with platform.store.read() as session:
-        job = session.get(Job, job_id)
-        status = job.status if job is not None else JobStatus.CANCELLED.value
-        events = session.scalars(
-            select(Event)
-            .where(Event.job_id == job_id, Event.id > cursor.event_id, Event.learner.is_(None))
-            .order_by(Event.id)
-        ).all()
-        lines = lines_after(session, job_id, cursor.log_id, _BATCH)
-        metrics = metrics_after(session, job_id, cursor.metric_id, _BATCH)
-    for line in lines:
-        cursor.frames.append(_frame("log", log_item(job_id, line)))
-        cursor.log_id = line.id
-    for metric in metrics:
-        cursor.frames.append(_frame("emetric", metric_item(job_id, metric)))
-        cursor.metric_id = metric.id
-    for event in events:
-        cursor.frames.append(
-            _frame(
-                "status",
-                {"status": event.to_status, "reason": event.reason, "time": iso(event.created_at)},
-            )
-        )
-        cursor.event_id = event.id
-    drained = len(lines) < _BATCH and len(metrics) < _BATCH
-    finished = is_terminal(JobStatus(status)) or status == JobStatus.HALTED.value
-    return status if finished and drained else None
+def _frames(batch: Batch) -> list[str]:
+    frames = []
+    if batch.job is not None:
+        frames += [_frame("log", log_item(batch.job, line)) for line in batch.lines]
+        frames += [_frame("emetric", metric_item(batch.job, row)) for row in batch.metrics]
+    for event in batch.events:
+        status = {"status": event.to_status, "reason": event.reason, "time": iso(event.created_at)}
+        frames.append(_frame("status", status))
+    return frames
 
 
 @router.get(
@@ -95,23 +61,15 @@ async def stream_events(
     await asyncio.to_thread(check)
 
     async def frames() -> AsyncIterator[str]:
-        cursor = _Cursor(log_id=since_rindex)
-        idle = 0.0
-        while True:
-            ended = await asyncio.to_thread(_poll, platform, model_id, cursor)
-            if cursor.frames:
-                for frame in cursor.frames:
-                    yield frame
-                cursor.frames.clear()
-                idle = 0.0
-            if ended is not None:
-                yield _frame("end", {"status": ended})
-                return
-            await asyncio.sleep(_POLL_S)
-            idle += _POLL_S
-            if idle >= _KEEPALIVE_S:
+        cursor = Cursor(log_id=since_rindex)
+        async for batch in follow(platform, model_id, cursor, keepalive_s=_KEEPALIVE_S):
+            if batch.empty and batch.ended is None:
                 yield ": keep-alive\n\n"
-                idle = 0.0
+                continue
+            for frame in _frames(batch):
+                yield frame
+            if batch.ended is not None:
+                yield _frame("end", {"status": batch.ended})
 
     return StreamingResponse(
         frames(),

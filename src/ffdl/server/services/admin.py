@@ -2,6 +2,11 @@
 
 Platform admins create tenants and set quotas (a tenant admin raising its own quota would
 defeat quotas); tenant admins add members and tenant admins to their own tenant.
+
+Passwords (for HTTP Basic): a platform admin sets or removes anyone's; a tenant admin those of
+its tenant's users except platform admins (that would hand it the platform); every user its
+own, giving the current password when it has one, so that a stolen token cannot take over
+the account's password. Users of other tenants are not found rather than forbidden, as jobs.
 """
 
 from __future__ import annotations
@@ -11,9 +16,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from ffdl.core.errors import BadRequest, ConflictError, Forbidden, NotFound
-from ffdl.server.auth import Principal, Role, issue_token, token_lifetime
+from ffdl.server.auth import Principal, Role, find_user, iso, issue_token, token_lifetime
+from ffdl.server.passwords import check_password, hash_password
 from ffdl.server.platform import Platform
 from ffdl.server.services import audit
 from ffdl.server.store.models import Tenant, User
@@ -46,6 +53,15 @@ class UserCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=63)
     role: str = Field(default=Role.MEMBER.value, max_length=32)
+
+
+class PasswordSet(BaseModel):
+    """A new password; ``current_password`` is needed to change one's own existing one."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    # Lengths are checked by ``check_password``, whose errors name the rule.
+    password: str
+    current_password: str | None = None
 
 
 def require_admin(principal: Principal) -> None:
@@ -187,3 +203,110 @@ def create_user(
         "token": token,
         "token_id": row.id,
     }
+
+
+def _password_target(session: Session, principal: Principal, user_ref: str) -> User:
+    """The user whose password ``principal`` may set or remove, or the error why not."""
+    user = find_user(session, user_ref)
+    if user is None or not principal.sees(user.tenant_id):
+        raise NotFound(f"no user {user_ref!r}")
+    if user.id == principal.user_id or principal.is_platform_admin:
+        return user
+    if not principal.administers(user.tenant_id):
+        raise Forbidden("only an admin may set another user's password")
+    if user.role == Role.PLATFORM_ADMIN:
+        raise Forbidden("only a platform admin may set a platform admin's password")
+    return user
+
+
+def _check_current(
+    platform: Platform, user_id: str, password_hash: str | None, current: str | None, client: str
+) -> None:
+    """Changing one's own password: the current one must be given, and right."""
+    if password_hash is None:
+        return
+    if not current:
+        raise BadRequest(
+            "current_password is required to change your own password",
+            detail={"field": "current_password"},
+        )
+    sign_ins = platform.sign_ins
+    wait = sign_ins.blocked_for(user_id, client)
+    if wait > 0:
+        raise Forbidden(
+            f"too many wrong current passwords: try again in {wait:.0f} s",
+            detail={"field": "current_password", "retry_after": round(wait, 1)},
+        )
+    if not sign_ins.verify(password_hash, current).ok:
+        sign_ins.failed(user_id, client)
+        raise Forbidden("current_password is wrong", detail={"field": "current_password"})
+    sign_ins.succeeded(user_id, client)
+
+
+def user_json(user: User) -> dict[str, Any]:
+    return {
+        "user": user.id,
+        "tenant": user.tenant_id,
+        "name": user.name,
+        "role": user.role,
+        "has_password": user.password_hash is not None,
+        "created": iso(user.created_at),
+    }
+
+
+def list_users(
+    platform: Platform, principal: Principal, tenant_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Users (never their password hashes): every tenant's for a platform admin, its own
+    tenant's for a tenant admin; ``tenant_id`` narrows the list."""
+    require_admin(principal)
+    query = select(User).order_by(User.tenant_id, User.id)
+    if not principal.is_platform_admin:
+        query = query.where(User.tenant_id == principal.tenant_id)
+    if tenant_id is not None:
+        query = query.where(User.tenant_id == tenant_id)
+    with platform.store.read() as session:
+        return [user_json(user) for user in session.scalars(query)]
+
+
+def set_password(
+    platform: Platform, principal: Principal, user_ref: str, body: PasswordSet, client: str = ""
+) -> dict[str, Any]:
+    """Set ``user_ref``'s HTTP Basic password (argon2id); sign-ins with the old one end."""
+    check_password(body.password, platform.settings.password_min_length)
+    with platform.store.read() as session:
+        user = _password_target(session, principal, user_ref)
+        user_id, old_hash = user.id, user.password_hash
+    # Verifying and hashing are slow on purpose: outside any transaction.
+    if user_id == principal.user_id:
+        _check_current(platform, user_id, old_hash, body.current_password, client)
+    new_hash = hash_password(body.password)
+    with platform.store.write() as session:
+        user = _password_target(session, principal, user_id)
+        verb = "set" if user.password_hash is None else "changed"
+        how = f"{verb} by {'the user' if user.id == principal.user_id else 'an admin'}"
+        user.password_hash = new_hash
+        audit.record(
+            session, principal, "user.password", user.id, tenant_id=user.tenant_id, detail=how
+        )
+        result = user_json(user)
+    platform.sign_ins.forget_user(user_id)
+    return result
+
+
+def remove_password(platform: Platform, principal: Principal, user_ref: str) -> dict[str, Any]:
+    """Remove ``user_ref``'s password: HTTP Basic is refused for it from now on."""
+    with platform.store.write() as session:
+        user = _password_target(session, principal, user_ref)
+        user.password_hash = None
+        audit.record(
+            session,
+            principal,
+            "user.password",
+            user.id,
+            tenant_id=user.tenant_id,
+            detail="removed",
+        )
+        result = user_json(user)
+    platform.sign_ins.forget_user(result["user"])
+    return result

@@ -1,4 +1,4 @@
-"""What a user asks of an existing job: halt, resume, re-prioritise, delete.
+"""What a user asks of an existing job: halt, resume, re-prioritise, cancel, delete.
 
 Each request records the desired state (and the status change it implies at once) and
 wakes the loops that carry it out; none of them touches a learner process directly. A
@@ -136,26 +136,42 @@ def scale_job(platform: Platform, principal: Principal, job_id: str, gpus: Any) 
     platform.wakeups.notify("autoscaler")
 
 
-def delete_job(platform: Platform, principal: Principal, job_id: str) -> dict[str, Any]:
-    """Cancel a live job (and wait briefly for its processes to go), or remove a finished one."""
+def cancel_job(
+    platform: Platform, principal: Principal, job_id: str, action: str = "job.cancel"
+) -> str:
+    """Stop a job for good and keep its record: at once when nothing of it runs, else through
+    the lifecycle manager, waiting briefly for its processes to go. The status it is in then
+    (a job that had already ended keeps its own)."""
     with platform.store.write() as session:
-        job = _load_for_change(session, principal, job_id, "job.delete")
+        job = _load_for_change(session, principal, job_id, action)
         status = JobStatus(job.status)
         if is_terminal(status):
-            session.execute(sql_delete(Job).where(Job.id == job_id))
-            removed = True
-        elif status in HOLDING_JOB_STATES:
+            return status.value
+        live = status in HOLDING_JOB_STATES
+        if live:
             job.desired = "cancel"
-            removed = False
         else:  # QUEUED or HALTED: nothing runs, cancel at once
             set_job_status(session, job, JobStatus.CANCELLED, "cancelled by user")
-            removed = False
-    if removed:
-        shutil.rmtree(JobDirs.of(platform.settings.jobs_dir, job_id).root, ignore_errors=True)
-        return {"model_id": job_id, "status": status.value, "deleted": True}
     platform.wakeups.notify("lcm", "scheduler")
-    final = _wait_until_terminal(platform, job_id)
-    return {"model_id": job_id, "status": final, "deleted": False}
+    return _wait_until_terminal(platform, job_id) if live else JobStatus.CANCELLED.value
+
+
+def delete_job(platform: Platform, principal: Principal, job_id: str) -> dict[str, Any]:
+    """Remove a job as FfDL did, cancelling it first if it is live: its record, events, log
+    lines, metrics and its files on the platform go. Results already written to the user's
+    data store stay there (FfDL kept trained models in the user's bucket).
+
+    A live job whose processes have not stopped within the wait stays (``deleted`` false),
+    still being cancelled; deleting it again once it has stopped removes it.
+    """
+    status = cancel_job(platform, principal, job_id, action="job.delete")
+    if not is_terminal(JobStatus(status)):
+        return {"model_id": job_id, "status": status, "deleted": False}
+    with platform.store.write() as session:
+        session.execute(sql_delete(Job).where(Job.id == job_id))
+    shutil.rmtree(JobDirs.of(platform.settings.jobs_dir, job_id).root, ignore_errors=True)
+    platform.wakeups.notify("scheduler")
+    return {"model_id": job_id, "status": status, "deleted": True}
 
 
 def _wait_until_terminal(platform: Platform, job_id: str) -> str:

@@ -44,7 +44,19 @@ class JobDirs:
         return self.root / "home"
 
     def logs(self, learner: int) -> Path:
+        """A learner's own log directory on the host (its LOG_DIR, wherever the learner
+        sees it: the sandbox binds it at ``state_logs``)."""
         return self.root / "logs" / f"learner-{learner}"
+
+    @property
+    def state_logs(self) -> Path:
+        """``$JOB_STATE_DIR/logs``, FfDL's LOG_DIR, as a learner's command sees it."""
+        return self.state / "logs"
+
+    @property
+    def result_bucket(self) -> Path:
+        """FfDL's RESULT_BUCKET_DIR: holds ``<training id>``, a link to the results."""
+        return self.root / "result-bucket"
 
     def controller(self, learner: int, attempt: int) -> Path:
         return self.root / "learners" / str(learner) / f"attempt-{attempt}"
@@ -72,6 +84,7 @@ class JobDirs:
             path.mkdir(parents=True, exist_ok=True)
         for learner in range(1, num_learners + 1):
             self.logs(learner).mkdir(parents=True, exist_ok=True)
+        self._link_ffdl_paths(num_learners, sandboxed=owner is not None)
         if owner is None:
             return
         self.root.chmod(0o700)
@@ -82,3 +95,17 @@ class JobDirs:
         for path in owned:
             os.chown(path, uid, gid, follow_symlinks=False)
             path.chmod(0o700)
+
+    def _link_ffdl_paths(self, num_learners: int, *, sandboxed: bool) -> None:
+        """RESULT_BUCKET_DIR/<training id> → the results; ``$JOB_STATE_DIR/logs``: where the
+        sandbox binds the learner's logs, or without one a link to the single learner's."""
+        self.result_bucket.mkdir(mode=0o755, exist_ok=True)
+        link = self.result_bucket / self.root.name
+        if not link.is_symlink():
+            link.symlink_to(self.results)
+        if os.path.lexists(self.state_logs):
+            return
+        if not sandboxed and num_learners == 1:
+            self.state_logs.symlink_to(self.logs(1))
+        else:
+            self.state_logs.mkdir(mode=0o755)

@@ -2,6 +2,11 @@
 
 Every job lookup for a user goes through ``load_job`` or ``list_jobs``: a caller sees its
 own tenant's jobs, a platform admin every tenant's, and another tenant's job is not found.
+
+The Model JSON has FfDL's fields with FfDL's names, types and formats (``training.command``,
+``training.training_status`` with ``submitted``/``completed`` as epoch milliseconds in a
+string, ``data_stores[].data_store_id``, ...) and adds ffdl's own next to them; a field
+FfDL declared as a string is left out rather than sent as ``null``.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from ffdl.core.errors import BadRequest, NotFound
 from ffdl.core.manifest import redact_secrets
 from ffdl.core.status import RUNNING_JOB_STATES, TERMINAL_JOB_STATES, JobStatus
 from ffdl.server.auth import Principal
+from ffdl.server.services.logs import metric_data
 from ffdl.server.services.restarts import max_restarts
-from ffdl.server.store.models import Event, Job, Learner
+from ffdl.server.store.models import Event, Job, Learner, Metric
 
 # Beyond this an offset only pages past every job; far larger ones overflow the database.
 MAX_OFFSET = 1_000_000_000
@@ -30,11 +36,18 @@ def iso(value: datetime | None) -> str | None:
     return None if value is None else value.replace(tzinfo=UTC).isoformat()
 
 
+def epoch_millis_text(value: datetime | None) -> str | None:
+    """FfDL's timestamp: epoch milliseconds as a string, e.g. ``"1519135679722"``."""
+    if value is None:
+        return None
+    return str(int(value.replace(tzinfo=UTC).timestamp() * 1000))
+
+
 def load_job(session: Session, principal: Principal, job_id: str) -> Job:
     """The caller's job; another tenant's job is reported as not found."""
     job = session.get(Job, job_id)
     if job is None or not principal.sees(job.tenant_id):
-        raise NotFound(f"no model with id {job_id!r}")
+        raise NotFound(f"Model not found: no model with id {job_id!r}")
     return job
 
 
@@ -74,19 +87,64 @@ def list_jobs(
     return list(jobs), int(total)
 
 
-def _redacted_stores(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def _data_stores(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """FfDL's ``data_stores``: each store's id as ``data_store_id``, its type as the user
+    wrote it and its connection (string values) with every secret redacted; ffdl keeps the
+    store's ``id`` and containers beside them."""
     stores = []
     for store in manifest.get("data_stores") or []:
         item = dict(store)
-        item["connection"] = redact_secrets(store.get("connection") or {})
+        connection = redact_secrets(store.get("connection") or {})
+        item["connection"] = {str(key): str(value) for key, value in connection.items()}
+        item["data_store_id"] = str(store.get("id", ""))
+        item["type"] = str(store.get("type") or "")  # kept as the manifest wrote it
         stores.append(item)
     return stores
+
+
+def _store_refs(manifest: dict[str, Any], container: str) -> list[str]:
+    """Ids of the stores with a ``container`` section (FfDL's ``input_data``/``output_data``)."""
+    return [
+        str(store.get("id", ""))
+        for store in manifest.get("data_stores") or []
+        if store.get(container)
+    ]
+
+
+def _without_none(fields: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def training_status(job: Job) -> dict[str, Any]:
+    """FfDL's ``TrainingStatus`` (``status_description`` is the status, as FfDL sent it;
+    ``status_message`` says why) with ffdl's exit code and ISO 8601 times added."""
+    fields = _without_none(
+        {
+            "status": job.status,
+            "status_description": job.status,
+            "status_message": job.reason or "",
+            "submitted": epoch_millis_text(job.submitted_at),
+            "completed": epoch_millis_text(job.finished_at),
+            "error_code": job.error_code,
+        }
+    )
+    fields.update(
+        {
+            "exit_code": job.exit_code,
+            "started": iso(job.started_at),
+            "submitted_at": iso(job.submitted_at),
+            "started_at": iso(job.started_at),
+            "completed_at": iso(job.finished_at),
+        }
+    )
+    return fields
 
 
 def model_summary(job: Job) -> dict[str, Any]:
     """The Model JSON without the per-job sub-queries (used by list pages)."""
     manifest = job.manifest
     framework = manifest.get("framework") or {}
+    command = str(framework.get("command", ""))
     queue = None
     if job.status == JobStatus.QUEUED.value:
         eta_s = None
@@ -100,46 +158,52 @@ def model_summary(job: Job) -> dict[str, Any]:
         }
     return {
         "model_id": job.id,
+        "location": f"/v1/models/{job.id}",
         "name": job.name,
         "description": job.description,
+        "framework": {
+            "name": str(framework.get("name", "")),
+            "version": str(framework.get("version", "")),
+            "command": command,
+            # The runtime the platform chose for it (ffdl's addition).
+            "runtime": job.runtime,
+        },
+        "training": {
+            "command": command,
+            "cpus": job.cpus,
+            "gpus": job.gpus,
+            "memory": job.memory_mb,
+            "memory_unit": "MiB",
+            "learners": job.learners,
+            "input_data": _store_refs(manifest, "training_data"),
+            "output_data": _store_refs(manifest, "training_results"),
+            "training_status": training_status(job),
+        },
+        "data_stores": _data_stores(manifest),
         "version": str(manifest.get("version", "")),
         "tenant": job.tenant_id,
         "user": job.user_id,
         "priority": job.priority,
-        "framework": {
-            "name": framework.get("name", ""),
-            "version": framework.get("version", ""),
-            "command": framework.get("command", ""),
-        },
-        "training": {
-            "learners": job.learners,
-            "gpus": job.gpus,
-            "cpus": job.cpus,
-            "memory": job.memory_mb,
-            "memory_unit": "MiB",
-            "training_status": {
-                "status": job.status,
-                "status_description": job.reason,
-                "error_code": job.error_code,
-                "exit_code": job.exit_code,
-                "submitted": iso(job.submitted_at),
-                "started": iso(job.started_at),
-                "completed": iso(job.finished_at),
-            },
-        },
-        "data_stores": _redacted_stores(manifest),
         "placement": job.placement or [],
         "queue": queue,
         "results": {
             "location": job.results_location,
             "download": f"/v1/models/{job.id}/trained_model",
         },
-        "location": f"/v1/models/{job.id}",
     }
+
+
+def latest_metrics(session: Session, job: Job) -> list[dict[str, Any]]:
+    """FfDL's ``metrics`` summary of a model: its latest metrics record, if any."""
+    row = session.scalar(
+        select(Metric).where(Metric.job_id == job.id).order_by(Metric.id.desc()).limit(1)
+    )
+    return [] if row is None else [metric_data(row)]
 
 
 def model_detail(session: Session, job: Job) -> dict[str, Any]:
     body = model_summary(job)
+    body["metrics"] = latest_metrics(session, job)
     body["learners"] = [
         {
             "learner": lr.index,

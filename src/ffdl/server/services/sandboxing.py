@@ -19,6 +19,7 @@ from ffdl.core.status import JobStatus, is_terminal
 from ffdl.learner.sandbox import NETNS_PREFIX, NETWORK_HOST, NETWORK_NONE, SandboxSpec
 from ffdl.server.platform import Platform
 from ffdl.server.services.jobdirs import JobDirs
+from ffdl.server.services.learner_env import hidden_platform_packages, place_learner
 from ffdl.server.store.models import Job
 
 MEBIBYTE = 1024 * 1024
@@ -138,8 +139,13 @@ def learner_sandbox(
     cpus: float,
     dirs: JobDirs,
     volume: str | None,
+    runtime_paths: list[str] | None = None,
 ) -> SandboxSpec | None:
-    """The sandbox of one learner, or None when the operator turned sandboxes off."""
+    """The sandbox of one learner, or None when the operator turned sandboxes off.
+
+    ``runtime_paths``: what a built runtime environment needs instead of the platform's
+    Python (whose packages it must not see); None runs on the platform's Python.
+    """
     if not platform.settings.sandbox:
         return None
     privileged = os.geteuid() == 0
@@ -150,13 +156,15 @@ def learner_sandbox(
         network = f"{NETNS_PREFIX}ffdl-{job_id}-{attempt}"
     else:
         network = NETWORK_HOST
-    read_only = python_paths(platform.settings.home)
+    read_only = (
+        python_paths(platform.settings.home) if runtime_paths is None else list(runtime_paths)
+    )
     volumes: list[list[str]] = []
     if volume is not None:
         volumes.append([volume, str(dirs.data)])
     else:
         read_only.append(str(dirs.data))
-    return SandboxSpec(
+    sandbox = SandboxSpec(
         uid=uid,
         gid=uid if privileged else os.getgid(),
         read_only=read_only,
@@ -169,3 +177,7 @@ def learner_sandbox(
         cgroup=f"ffdl-{job_id}-l{learner}-a{attempt}",
         privileged=privileged,
     )
+    place_learner(sandbox, job_id, learner, num_learners, dirs)
+    if runtime_paths is not None:
+        sandbox.hidden = hidden_platform_packages(read_only)
+    return sandbox

@@ -30,7 +30,6 @@ from sqlalchemy.exc import IntegrityError
 from ffdl.core.errors import (
     BadRequest,
     ConflictError,
-    ManifestError,
     PayloadTooLarge,
     UnschedulableError,
 )
@@ -41,13 +40,12 @@ from ffdl.server.auth import Principal
 from ffdl.server.platform import Platform
 from ffdl.server.services.archive import validate_archive
 from ffdl.server.services.jobdirs import JobDirs
+from ffdl.server.services.runtimes import Resolution, effective_runtimes, resolve
 from ffdl.server.services.snapshots import queued_job_from_manifest
-from ffdl.server.services.stores import check_store_paths
+from ffdl.server.services.stores import check_object_stores, check_store_paths
 from ffdl.server.store.models import Event, Job
 from ffdl.server.store.transitions import utcnow
 
-# Data store types the learners' controllers can stage today.
-STAGEABLE_STORES = ("local", "mount_volume")
 MAX_IDEMPOTENCY_KEY = 200
 _KEY_PATTERN = re.compile(r"[\x20-\x7e]+")
 
@@ -116,14 +114,8 @@ def submit_job(
             f"model_definition is {len(archive)} bytes; the limit is {settings.max_archive_bytes}"
         )
     manifest = parse_manifest(manifest_bytes)
-    for index, store in enumerate(manifest.data_stores):
-        if store.type not in STAGEABLE_STORES:
-            raise ManifestError(
-                f"data_stores[{index}].type",
-                f"{store.type!r} stores are not available on this platform yet; "
-                f"use one of {', '.join(STAGEABLE_STORES)}",
-            )
     check_store_paths(settings, manifest)
+    runtime = _runtime(platform, manifest)
     job_id = new_job_id()
     reason = never_fits(
         queued_job_from_manifest(job_id, principal.tenant_id, manifest, 0.0),
@@ -136,13 +128,15 @@ def submit_job(
         max_files=settings.max_archive_files,
         max_unpacked_bytes=settings.max_unpacked_bytes,
     )
+    # Last of the checks, as the slowest: it asks the user's object store (seconds at most).
+    check_object_stores(settings, manifest)
     dirs = JobDirs.of(settings.jobs_dir, job_id)
     dirs.root.mkdir(parents=True)
     try:
         tmp = dirs.archive.with_suffix(".tmp")
         tmp.write_bytes(archive)
         os.replace(tmp, dirs.archive)
-        _insert_job(platform, principal, job_id, manifest, key, digest)
+        _insert_job(platform, principal, job_id, manifest, key, digest, runtime.runtime.label)
     except IntegrityError:
         shutil.rmtree(dirs.root, ignore_errors=True)
         if key is None or digest is None:
@@ -156,11 +150,24 @@ def submit_job(
         shutil.rmtree(dirs.root, ignore_errors=True)
         raise
     platform.wakeups.notify("scheduler", "autoscaler")
-    return Submitted(job_id=job_id, warnings=_warnings(manifest))
+    warnings = _warnings(manifest) + ([runtime.warning] if runtime.warning else [])
+    return Submitted(job_id=job_id, warnings=warnings)
 
 
 def _warnings(manifest: Manifest) -> list[str]:
     return [f"unknown manifest field ignored: {name}" for name in manifest.unknown_fields]
+
+
+def _runtime(platform: Platform, manifest: Manifest) -> Resolution:
+    """The framework runtime the job runs on (ManifestError when its framework has none)."""
+    framework = manifest.framework
+    runtimes = effective_runtimes(platform.settings.runtimes)
+    return resolve(runtimes, framework.name, framework.version)
+
+
+def _runtime_warnings(platform: Platform, manifest: Manifest) -> list[str]:
+    warning = _runtime(platform, manifest).warning
+    return [warning] if warning else []
 
 
 def _earlier_submit(
@@ -185,7 +192,8 @@ def _earlier_submit(
         )
     try:
         # The same bytes parsed the first time, so they warn alike now.
-        warnings = _warnings(parse_manifest(manifest_bytes))
+        replayed = parse_manifest(manifest_bytes)
+        warnings = _warnings(replayed) + _runtime_warnings(platform, replayed)
     except BadRequest:
         warnings = []
     return Submitted(job_id=job_id, warnings=warnings, status=status, replayed=True)
@@ -204,6 +212,7 @@ def _insert_job(
     manifest: Manifest,
     key: str | None,
     digest: str | None,
+    runtime: str | None = None,
 ) -> None:
     now = utcnow()
     job = {
@@ -228,6 +237,7 @@ def _insert_job(
         "expected_duration_s": manifest.expected_duration_s,
         "elastic": manifest.elastic is not None,
         "batch_size": _initial_batch(manifest),
+        "runtime": runtime,
         "attempt": 0,
         "submitted_at": now,
         "status_changed_at": now,

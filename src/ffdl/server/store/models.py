@@ -35,6 +35,8 @@ class User(Base):
     name: Mapped[str] = mapped_column(String(200))
     role: Mapped[str] = mapped_column(String(16))  # platform-admin | admin | member
     created_at: Mapped[datetime]
+    # The argon2id hash of the user's HTTP Basic password; None: no password, Basic refused.
+    password_hash: Mapped[str | None] = mapped_column(String(255), default=None)
 
 
 class ApiToken(Base):
@@ -111,6 +113,8 @@ class Job(Base):
     desired: Mapped[str | None] = mapped_column(String(16), default=None)
     master_port: Mapped[int | None] = mapped_column(Integer, default=None)
     results_location: Mapped[str | None] = mapped_column(Text, default=None)
+    # The framework runtime the job runs on (resolved at submit, again at each deploy).
+    runtime: Mapped[str | None] = mapped_column(String(200), default=None)
     queue_position: Mapped[int | None] = mapped_column(Integer, default=None)
     queue_eta_at: Mapped[float | None] = mapped_column(Float, default=None)  # epoch seconds
     # Automatic restarts (``services/restarts.py``): how many this run of the job has taken
@@ -208,3 +212,31 @@ class Metric(Base):
         Index("ix_metrics_job", "job_id", "id"),
         UniqueConstraint("job_id", "learner", "attempt", "seq"),
     )
+
+
+class WebhookEndpoint(Base):
+    """A callback URL registered for one job and event type, and where its delivery stands.
+
+    ``cursor`` is the id of the last ``Event`` delivered (or given up on): deliveries resume
+    from it after a restart. ``attempts`` counts failed tries of the event after it, and
+    ``next_attempt_at`` is the end of the back-off before the next try. The signing secret
+    is sealed like data-store credentials.
+    """
+
+    __tablename__ = "webhook_endpoints"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    event_type: Mapped[str] = mapped_column(String(32))
+    endpoint_id: Mapped[str] = mapped_column(String(64))
+    url: Mapped[str] = mapped_column(Text)
+    secret_sealed: Mapped[str] = mapped_column(Text)
+    cursor: Mapped[int] = mapped_column(Integer, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(default=None)
+    delivered: Mapped[int] = mapped_column(Integer, default=0)
+    given_up: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    last_delivery_at: Mapped[datetime | None] = mapped_column(default=None)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    __table_args__ = (UniqueConstraint("job_id", "event_type", "endpoint_id"),)

@@ -1,0 +1,121 @@
+"""Following a job as it runs: its new log lines, metrics and status events, until it stops.
+
+One poll reads what was recorded after a :class:`Cursor` (log line, metric and event ids)
+and moves the cursor past it; :func:`follow` repeats that until the job is terminal or
+HALTED and everything it wrote has been read. Every live view of a job is built on it: the
+Server-Sent Events stream, FfDL's log and metrics websockets and their streamed HTTP form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from ffdl.core.status import JobStatus, is_terminal
+from ffdl.server.platform import Platform
+from ffdl.server.services.logs import lines_after, metrics_after
+from ffdl.server.store.models import Event, Job, LogLine, Metric
+
+POLL_S = 0.2
+BATCH = 500
+
+
+@dataclass
+class Cursor:
+    """The last log line, metric and job event already delivered (ids; 0 for none)."""
+
+    log_id: int = 0
+    metric_id: int = 0
+    event_id: int = 0
+
+
+@dataclass
+class Batch:
+    """What one poll found; ``ended`` is the job's final status once nothing is left."""
+
+    job: Job | None = None
+    lines: list[LogLine] = field(default_factory=list)
+    metrics: list[Metric] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    ended: str | None = None
+    drained: bool = True
+
+    @property
+    def empty(self) -> bool:
+        return not (self.lines or self.metrics or self.events)
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """Which records a follower delivers."""
+
+    lines: bool = True
+    metrics: bool = True
+    events: bool = True
+
+
+def poll(platform: Platform, job_id: str, cursor: Cursor, wanted: Wanted = Wanted()) -> Batch:
+    """Read what was recorded after ``cursor`` (at most ``BATCH`` of each kind) and advance it."""
+    batch = Batch()
+    with platform.store.read() as session:
+        job = session.get(Job, job_id)
+        status = job.status if job is not None else JobStatus.CANCELLED.value
+        batch.job = job
+        if wanted.events:
+            batch.events = list(
+                session.scalars(
+                    select(Event)
+                    .where(
+                        Event.job_id == job_id, Event.id > cursor.event_id, Event.learner.is_(None)
+                    )
+                    .order_by(Event.id)
+                )
+            )
+        if wanted.lines:
+            batch.lines = lines_after(session, job_id, cursor.log_id, BATCH)
+        if wanted.metrics:
+            batch.metrics = metrics_after(session, job_id, cursor.metric_id, BATCH)
+    if batch.lines:
+        cursor.log_id = batch.lines[-1].id
+    if batch.metrics:
+        cursor.metric_id = batch.metrics[-1].id
+    if batch.events:
+        cursor.event_id = batch.events[-1].id
+    batch.drained = len(batch.lines) < BATCH and len(batch.metrics) < BATCH
+    stopped = is_terminal(JobStatus(status)) or status == JobStatus.HALTED.value
+    if stopped and batch.drained:
+        batch.ended = status
+    return batch
+
+
+async def follow(
+    platform: Platform,
+    job_id: str,
+    cursor: Cursor,
+    wanted: Wanted = Wanted(),
+    *,
+    keepalive_s: float | None = None,
+) -> AsyncIterator[Batch]:
+    """Batches of new records until the job stops; the last one has ``ended`` set.
+
+    With ``keepalive_s``, an empty batch comes after that long without news (for a stream
+    that must show it is alive).
+    """
+    idle = 0.0
+    while True:
+        batch = await asyncio.to_thread(poll, platform, job_id, cursor, wanted)
+        if not batch.empty or batch.ended is not None:
+            yield batch
+            idle = 0.0
+            if batch.ended is not None:
+                return
+            if not batch.drained:
+                continue
+        await asyncio.sleep(POLL_S)
+        idle += POLL_S
+        if keepalive_s is not None and idle >= keepalive_s:
+            yield Batch(job=batch.job)
+            idle = 0.0

@@ -1,0 +1,173 @@
+"""What FfDL's learner environment adds for a job's code, and the runtime it runs on.
+
+FfDL's learners set ``GPU_COUNT`` (per learner, formatted ``"%f"``: ``"1.000000"``, so code
+does ``int(float(os.environ["GPU_COUNT"]))``), ``LEARNER_NAME_PREFIX`` (learner N is host
+``<prefix>-<N-1>``, also reachable as ``<prefix>-<N-1>.<prefix>``), ``TRAINING_COMMAND``
+(the command on one line), ``RESULT_BUCKET_DIR`` (``$RESULT_BUCKET_DIR/$TRAINING_ID`` is the
+results), ``LOG_DIR`` (``$JOB_STATE_DIR/logs``; TensorBoard files go to ``$LOG_DIR/tb``) and
+``DOWNWARD_API_POD_NAME``/``_NAMESPACE``. This module owns those values, the learner host
+names and addresses in the sandbox, and turning the job's resolved runtime into the learner
+spec's ``RuntimeSpec``, its PATH and the paths its sandbox binds. Nothing of the control
+plane (tokens, the API's address, the platform home) is ever among the variables.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import site
+import sys
+from pathlib import Path
+
+from ffdl.core.manifest import Manifest
+from ffdl.learner.runtime import PLATFORM, PYTHON, RuntimeSpec
+from ffdl.learner.sandbox import SYSTEM_PATHS, SandboxSpec
+from ffdl.server.platform import Platform
+from ffdl.server.services.jobdirs import JobDirs
+from ffdl.server.services.runtimes import effective_runtimes, resolve, runtime_digest
+from ffdl.server.store.models import Job
+
+# FfDL's learners ran in the Kubernetes namespace its operator configured; "default" unless
+# changed. Code reads it only to name things.
+POD_NAMESPACE = "default"
+_NEWLINES = re.compile(r"\r?\n")
+
+
+def learner_name_prefix(job_id: str) -> str:
+    """FfDL named a job's learners ``learner-<id>-0`` ...; here the id is the job's."""
+    suffix = job_id.removeprefix("training-")
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", suffix.lower()).strip("-") or "job"
+    return f"learner-{cleaned}"[:50].rstrip("-")
+
+
+def learner_host_name(job_id: str, learner: int) -> str:
+    return f"{learner_name_prefix(job_id)}-{learner - 1}"
+
+
+def learner_address(learner: int) -> str:
+    """Learner N's own loopback address (127.1.0.N), where its host names point."""
+    return f"127.1.{learner // 256}.{learner % 256}"
+
+
+def host_entries(job_id: str, num_learners: int) -> list[list[str]]:
+    """/etc/hosts entries for every learner of the job: short and FfDL's dotted name."""
+    prefix = learner_name_prefix(job_id)
+    entries = []
+    for learner in range(1, num_learners + 1):
+        name = learner_host_name(job_id, learner)
+        entries.append([learner_address(learner), name, f"{name}.{prefix}"])
+    return entries
+
+
+def ffdl_variables(
+    job_id: str,
+    manifest: Manifest,
+    learner: int,
+    num_learners: int,
+    dirs: JobDirs,
+    *,
+    sandboxed: bool,
+) -> dict[str, str]:
+    """FfDL's learner variables that the platform's base environment does not already set."""
+    # The sandbox binds (without one, a link gives) the learner's own logs at
+    # $JOB_STATE_DIR/logs; learners sharing one filesystem keep their own directories.
+    shared = sandboxed or dirs.state_logs.is_symlink()
+    log_dir = dirs.state_logs if shared else dirs.logs(learner)
+    return {
+        "GPU_COUNT": f"{float(manifest.gpus):f}",
+        "LEARNER_NAME_PREFIX": learner_name_prefix(job_id),
+        "TRAINING_COMMAND": _NEWLINES.sub(" ", manifest.framework.command),
+        "RESULT_BUCKET_DIR": str(dirs.result_bucket),
+        "LOG_DIR": str(log_dir),
+        "DOWNWARD_API_POD_NAME": learner_host_name(job_id, learner),
+        "DOWNWARD_API_POD_NAMESPACE": POD_NAMESPACE,
+    }
+
+
+def place_learner(
+    sandbox: SandboxSpec, job_id: str, learner: int, num_learners: int, dirs: JobDirs
+) -> None:
+    """Name the learner and its peers in its sandbox and bind its logs at LOG_DIR."""
+    sandbox.hostname = learner_host_name(job_id, learner)
+    sandbox.hosts = host_entries(job_id, num_learners)
+    sandbox.binds.append([str(dirs.logs(learner)), str(dirs.state_logs)])
+    sandbox.read_only.append(str(dirs.result_bucket))
+
+
+# -- runtimes ----------------------------------------------------------------------------
+
+
+def job_runtime(platform: Platform, job_id: str, manifest: Manifest) -> RuntimeSpec:
+    """Resolve the job's runtime again (config may have changed since submit), note its
+    name on the job, and describe it for the learner spec.
+
+    A framework that lost every runtime raises the same ManifestError as at submit.
+    """
+    settings = platform.settings
+    resolved = resolve(
+        effective_runtimes(settings.runtimes), manifest.framework.name, manifest.framework.version
+    ).runtime
+    with platform.store.write() as session:
+        job = session.get(Job, job_id)
+        if job is not None and job.runtime != resolved.label:
+            job.runtime = resolved.label
+    if not resolved.built:
+        return RuntimeSpec(name=resolved.label, environment=PLATFORM)
+    python = os.path.abspath(sys.executable)
+    digest = runtime_digest(resolved, python)
+    return RuntimeSpec(
+        name=resolved.label,
+        environment=PYTHON,
+        path=str(settings.runtimes_dir / digest[:24]),
+        python=python,
+        digest=digest,
+        requirements=list(resolved.requirements),
+        find_links=list(resolved.find_links),
+        index_url=resolved.index_url,
+        extra_index_urls=list(resolved.extra_index_urls),
+        no_index=resolved.no_index,
+    )
+
+
+def _platform_bins() -> set[str]:
+    return {str(Path(sys.executable).parent), os.path.join(sys.prefix, "bin")}
+
+
+def runtime_path(runtime: RuntimeSpec, learner_path: str) -> str:
+    """PATH for the command: a built environment's ``bin`` first and the platform's own
+    interpreter directory left out; the platform's PATH as it is otherwise."""
+    if not runtime.built:
+        return learner_path
+    rest = [p for p in learner_path.split(os.pathsep) if p and p not in _platform_bins()]
+    return os.pathsep.join([str(runtime.bin_dir), *rest])
+
+
+def hidden_platform_packages(bound: list[str]) -> list[str]:
+    """The platform's package directories that a built runtime's sandbox would otherwise
+    show as files (inside its bound interpreter, or the always visible system)."""
+    visible = [*bound, *SYSTEM_PATHS]
+    hidden = []
+    for directory in sorted({os.path.realpath(p) for p in site.getsitepackages()}):
+        if any(directory.startswith(path.rstrip("/") + "/") for path in visible):
+            hidden.append(directory)
+    return hidden
+
+
+def runtime_read_only(runtime: RuntimeSpec, home: Path) -> list[str] | None:
+    """What a built environment's sandbox binds read-only: the environment (with its copy
+    of ``ffdl.sdk``) and the interpreter it was made from, and not the platform's packages.
+    None for the platform's environment (the sandbox binds the platform's Python)."""
+    if not runtime.built:
+        return None
+    home_text = str(home.resolve())
+    paths = [runtime.path]
+    for prefix in {sys.base_prefix, sys.base_exec_prefix}:
+        real = os.path.realpath(prefix)
+        if real == "/usr" or real.startswith("/usr/"):
+            continue  # the system is visible anyway
+        inside = real == home_text or real.startswith(home_text + "/")
+        if inside or home_text.startswith(real.rstrip("/") + "/"):
+            continue  # never the platform home, nor what holds it
+        if real not in paths:
+            paths.append(real)
+    return paths

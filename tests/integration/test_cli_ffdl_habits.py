@@ -1,0 +1,195 @@
+"""The ``ffdl`` command as FfDL's scripts drive it, as a subprocess against a real server.
+
+What is checked is what such a script reads: the model id taken from ``train``'s output the
+way FfDL's Makefile and notebooks took it, the file ``download --filename`` names, and the
+``--json`` records of ``loglines``, ``emetrics`` and ``logs --metrics``, whose ``--follow``
+must return once the job has ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, serving
+
+# FfDL's Makefile: `grep "Model ID" | cut -d " " -f 3`; the same as a regex.
+MODEL_ID_LINE = re.compile(r"^Model ID: (training-[a-z0-9]+)$", re.MULTILINE)
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
+
+STEPS = 5
+JOB_CODE = f"""\
+import json, os, pathlib, time
+
+metrics = pathlib.Path(os.environ["LOG_DIR"]) / "emetrics.jsonl"
+for step in range(1, {STEPS + 1}):
+    print(f"step {{step}} of {STEPS}", flush=True)
+    with metrics.open("a") as out:
+        out.write(json.dumps({{"iteration": step, "accuracy": step / 10}}) + "\\n")
+    time.sleep(1.0)
+pathlib.Path(os.environ["RESULT_DIR"], "weights.bin").write_bytes(b"w")
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    home = tmp_path_factory.mktemp("cli-habits-home")
+    with serving(LiveServer(home=home, config=dict(FAST_CONFIG))) as live:
+        yield live
+
+
+def _env(server: LiveServer) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("FFDL_") and not k.startswith("DLAAS_")
+    }
+    env["FFDL_CONFIG"] = str(server.home / "client.json")
+    return env
+
+
+def ffdl(
+    server: LiveServer, *args: str, cwd: Path, merged: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; ``merged`` sends stderr into stdout, as ``2>&1 | tee`` scripts do."""
+    return subprocess.run(
+        [sys.executable, "-m", "ffdl.cli.main", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+        text=True,
+        env=_env(server),
+        cwd=cwd,
+        timeout=180,
+        check=False,
+    )
+
+
+def model_id_of(output: str) -> str:
+    """The model id exactly as FfDL's scripts took it from ``train``'s output."""
+    cut = [line.split(" ")[2] for line in output.splitlines() if "Model ID" in line]
+    assert len(cut) == 1, output
+    match = MODEL_ID_LINE.search(output)
+    assert match is not None, output
+    assert match.group(1) == cut[0]
+    return cut[0]
+
+
+def test_init_train_download(server: LiveServer, tmp_path: Path) -> None:
+    created = ffdl(server, "init", "proj", "--type", "custom", "--version", "1", cwd=tmp_path)
+    assert created.returncode == 0, created.stderr
+    again = ffdl(server, "init", "proj", cwd=tmp_path)
+    assert again.returncode == 1 and "already exists" in again.stderr
+
+    # An unknown field makes the server warn: the warning must not disturb the parsed lines.
+    manifest = tmp_path / "proj" / "manifest.yml"
+    manifest.write_text(manifest.read_text() + "size: medium\n")
+    run = ffdl(server, "train", "proj/manifest.yml", "proj", cwd=tmp_path, merged=True)
+    assert run.returncode == 0, run.stdout
+    lines = run.stdout.splitlines()
+    assert lines[:3] == [
+        "Deploying model with manifest 'manifest.yml' and model files in 'proj'...",
+        lines[1],
+        "OK",
+    ]
+    model_id = model_id_of(run.stdout)
+    assert lines[1].split()[-1] == model_id  # a notebook's out[1]
+    assert any("unknown manifest field ignored: size" in line for line in lines[3:])
+
+    final = server.wait_status(model_id, {"COMPLETED"}, timeout=120)
+    assert final["training"]["training_status"]["status"] == "COMPLETED"
+    logs = ffdl(server, "logs", model_id, cwd=tmp_path)
+    assert "training with data from" in logs.stdout
+
+    got = ffdl(
+        server, "download", model_id, "--trainedmodel", "--filename", "mine.zip", cwd=tmp_path
+    )
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.splitlines()[-2:] == ["Downloaded file: mine.zip", "OK"]
+    with zipfile.ZipFile(tmp_path / "mine.zip") as archive:
+        assert archive.read("model.txt") == b"trained\n"
+    assert not (tmp_path / f"{model_id}-trainedmodel.zip").exists()
+
+    definition = ffdl(server, "download", model_id, "--definition", cwd=tmp_path)
+    assert definition.returncode == 0, definition.stderr
+    with zipfile.ZipFile(tmp_path / f"{model_id}-definition.zip") as archive:
+        assert "train.py" in archive.namelist()
+
+
+def test_follow_commands_print_json_and_end_with_the_job(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(JOB_CODE)
+    manifest = tmp_path / "manifest.yml"
+    manifest.write_text(
+        manifest_yaml("python train.py", name="habits", evaluation_metrics={"type": "emetrics"})
+    )
+    run = ffdl(server, "train", str(manifest), str(code), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    model_id = model_id_of(run.stdout)
+
+    # All three follow the job at once, from its start to its end.
+    commands = {
+        "loglines": ["loglines", model_id, "--follow", "--json"],
+        "emetrics": ["emetrics", model_id, "--follow", "--json"],
+        "metrics": ["logs", model_id, "--metrics", "--json", "--follow"],
+    }
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "ffdl.cli.main", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(server),
+            cwd=tmp_path,
+        )
+        for name, args in commands.items()
+    }
+    outputs: dict[str, str] = {}
+    try:
+        # The followers were started while the job still ran (it takes STEPS seconds).
+        assert server.status(model_id) not in TERMINAL
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=180)
+            assert proc.returncode == 0, f"{name}: {err}"
+            outputs[name] = out
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    # Each returned by itself, and only once the job had ended.
+    assert server.status(model_id) == "COMPLETED"
+
+    lines = [json.loads(text) for text in outputs["loglines"].splitlines()]
+    steps = [item["line"] for item in lines if item["line"].startswith("step ")]
+    assert steps == [f"step {i} of {STEPS}" for i in range(1, STEPS + 1)]
+    rindexes = [int(item["meta"]["rindex"]) for item in lines]
+    assert rindexes == sorted(set(rindexes))
+    assert all(item["meta"]["training_id"] == model_id for item in lines)
+
+    records = [json.loads(text) for text in outputs["emetrics"].splitlines()]
+    iterations = [int(r["etimes"]["iteration"]["value"]) for r in records]
+    assert iterations == list(range(1, STEPS + 1))
+    assert float(records[-1]["values"]["accuracy"]["value"]) == pytest.approx(STEPS / 10)
+
+    metric_data = [json.loads(text) for text in outputs["metrics"].splitlines()]
+    assert [m["iteration"] for m in metric_data] == list(range(1, STEPS + 1))
+    assert metric_data[0]["Values"]["accuracy"] == pytest.approx(0.1)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", metric_data[0]["timestamp"])
+
+    # Without --follow: one page as the API pages it, in the plain text form.
+    page = ffdl(server, "loglines", model_id, "--pagesize", "2", cwd=tmp_path)
+    assert page.returncode == 0, page.stderr
+    assert len(page.stdout.splitlines()) == 2
+    rindex, millis, _ = page.stdout.splitlines()[0].split(" ", 2)
+    assert int(rindex) == rindexes[0] and int(millis) > 0
