@@ -78,7 +78,7 @@ def start_victim(server: LiveServer) -> tuple[str, Path]:
 
 
 def stop(server: LiveServer, job_id: str) -> None:
-    server.client.delete(f"/v1/models/{job_id}")
+    server.client.patch(f"/v1/models/{job_id}", json={"status": "cancel"})
     server.wait_status(job_id, {"CANCELLED"})
 
 
@@ -253,7 +253,7 @@ while not os.path.exists(os.path.join(os.environ["JOB_STATE_DIR"], "finish")):
 """
 
 
-@pytest.mark.parametrize("ending", ["completion", "halt", "delete"])
+@pytest.mark.parametrize("ending", ["completion", "halt", "cancel", "delete"])
 def test_nothing_of_a_job_outlives_it(server: LiveServer, ending: str) -> None:
     job_id = server.submit_ok(manifest_yaml("python daemons.py"), {"daemons.py": DAEMONS})
     job_dir = server.home / "jobs" / job_id
@@ -265,9 +265,14 @@ def test_nothing_of_a_job_outlives_it(server: LiveServer, ending: str) -> None:
     elif ending == "halt":
         server.client.patch(f"/v1/models/{job_id}", json={"status": "halt"})
         server.wait_status(job_id, {"HALTED"})
-    else:
-        server.client.delete(f"/v1/models/{job_id}")
+    elif ending == "cancel":
+        server.client.patch(f"/v1/models/{job_id}", json={"status": "cancel"})
         server.wait_status(job_id, {"CANCELLED"})
+    else:
+        # Delete cancels a live job, waits for it to stop, then removes it.
+        deleted = server.client.delete(f"/v1/models/{job_id}")
+        assert deleted.status_code == 200 and deleted.json()["deleted"], deleted.text
+        assert server.client.get(f"/v1/models/{job_id}").status_code == 404
     wait_for(lambda: not job_pids(job_id), timeout=15, what="every process of the job to end")
     wait_for(lambda: not _cgroups_of(job_id), timeout=15, what="the learner's cgroup removed")
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ NETWORK_NONE = "none"
 NETWORK_HOST = "host"
 NETNS_PREFIX = "netns:"
 NETNS_DIR = "/run/netns"
+# How long a learner waits for a job network namespace another learner is creating.
+NETNS_READY_S = 5.0
 # System paths every sandbox sees read-only, when the host has them.
 SYSTEM_PATHS = ("/usr", "/etc", "/opt", "/sys")
 # On merged-/usr systems these are symlinks into /usr and are recreated as such.
@@ -241,11 +244,19 @@ def ensure_netns(name: str) -> None:
             raise SandboxError(
                 f"cannot create network namespace {name}: {done.stderr.decode().strip()}"
             )
-    done = subprocess.run(
-        ["ip", "-n", name, "link", "set", "lo", "up"], capture_output=True, check=False
-    )
-    if done.returncode != 0:
-        raise SandboxError(f"cannot bring up loopback in {name}: {done.stderr.decode().strip()}")
+    # Another learner's ``ip netns add`` creates the file before it mounts the namespace on
+    # it; entering it in between fails ("Invalid argument"), so try again for a while.
+    deadline = time.monotonic() + NETNS_READY_S
+    while True:
+        done = subprocess.run(
+            ["ip", "-n", name, "link", "set", "lo", "up"], capture_output=True, check=False
+        )
+        if done.returncode == 0:
+            return
+        if time.monotonic() >= deadline:
+            problem = done.stderr.decode().strip()
+            raise SandboxError(f"cannot bring up loopback in {name}: {problem}")
+        time.sleep(0.05)
 
 
 def remove_netns_if_unused(name: str) -> None:
