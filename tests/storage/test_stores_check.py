@@ -244,3 +244,15 @@ def test_an_aliased_endpoint_is_replaced_then_checked_against_the_allow_list(
     # Other endpoints are left as they are.
     with pytest.raises(StoreError, match=re.escape("10.1.2.3")):
         allowed_endpoint(listed, "http://10.1.2.3:9000", FIELD)
+
+
+def test_a_placeholder_endpoint_is_refused_as_written_without_a_lookup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looked_up: list[object] = []
+    monkeypatch.setattr("socket.getaddrinfo", lambda *args, **kw: looked_up.append(args))
+    placeholder = "<object storage's endpoint_url>"
+    with pytest.raises(StoreError) as caught:
+        allowed_endpoint(_settings(tmp_path), placeholder, FIELD)
+    assert f"{placeholder!r} has no valid host name" in str(caught.value)
+    assert looked_up == []

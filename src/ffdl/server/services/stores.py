@@ -24,6 +24,7 @@ lifecycle manager what a learner needs, with the endpoint checked again.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -132,6 +133,11 @@ def _resolve(path: Path, field: str) -> Path:
 
 # -- object stores ----------------------------------------------------------------------
 
+# Labels of letters, digits, '-' (and '_', which internal names use), dot-separated.
+_HOST_NAME = re.compile(
+    r"(?=.{1,253}\.?$)[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+    r"(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)*\.?"
+)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -162,8 +168,12 @@ def allowed_endpoint(settings: Settings, endpoint: str | None, field: str) -> st
             "is required: give the store's S3 endpoint URL (this platform does not default "
             "to AWS; an operator allows that with object_store_aws_default)",
         )
-    url = _aliased(settings, endpoint if "://" in endpoint else f"https://{endpoint}")
-    shown = redact_url(url)
+    written = endpoint if "://" in endpoint else f"https://{endpoint}"
+    url = _aliased(settings, written)
+    # Messages quote the endpoint as the manifest wrote it, and where an alias led.
+    shown = redact_url(endpoint)
+    if url != written:
+        shown = f"{shown} (mapped to {redact_url(url)})"
     try:
         parts = urlsplit(url)
         port = parts.port or _DEFAULT_PORTS.get(parts.scheme.lower(), 0)
@@ -172,6 +182,8 @@ def allowed_endpoint(settings: Settings, endpoint: str | None, field: str) -> st
     scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
     if scheme not in _DEFAULT_PORTS or not host:
         raise StoreError(field, f"must be an http(s) URL with a host, got {shown!r}")
+    if not _is_host(host):
+        raise StoreError(field, f"is not a valid URL: {shown!r} has no valid host name")
     if parts.username is not None or parts.password is not None:
         raise StoreError(field, "must not carry credentials; give them as user_name/password")
     if _listed(settings.object_store_endpoints, scheme, host, port):
@@ -203,6 +215,15 @@ def _endpoint_key(url: str) -> str:
         return text.lower()
     host, slash, path = rest.partition("/")
     return f"{scheme.lower()}://{host.lower()}{slash}{path}"
+
+
+def _is_host(host: str) -> bool:
+    """Whether ``host`` is an IP address or a syntactically valid DNS name."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return _HOST_NAME.fullmatch(host) is not None
 
 
 def _listed(entries: list[str], scheme: str, host: str, port: int) -> bool:
