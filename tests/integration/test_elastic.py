@@ -137,7 +137,8 @@ def test_drain_moves_jobs_off_the_node_without_failing_any(elastic_server: LiveS
     server = elastic_server
     manifest, files = elastic_job(300)
     elastic_id = server.submit_ok(manifest, files)
-    _, files = elastic_job(300)
+    # Longer than the elastic one, which is waited for first: it must still run at the drain.
+    _, files = elastic_job(600)
     fixed_id = server.submit_ok(manifest_yaml("python steps.py"), files)  # not elastic
     for job_id in (elastic_id, fixed_id):
         _wait_learners(server, job_id, 1)
