@@ -14,24 +14,21 @@ controller runs to stage DATA_DIR, progress and skip checks included) and throug
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import s3fs
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from _server import moto_process  # noqa: E402  # isort: skip
 
 from ffdl.storage.base import TransferStats  # noqa: E402
 from ffdl.storage.connection import S3Connection  # noqa: E402
@@ -41,39 +38,6 @@ ROUNDS = 3
 BUCKET = "bench-data"
 KEY, SECRET = "bench-access-key", "bench-secret-key"
 MB = 1_000_000
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def moto_process() -> Iterator[str]:
-    """moto's S3 server as a process of its own on 127.0.0.1 (not a thread of this one, so
-    that the server and the clients measured do not share one interpreter lock)."""
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.post(f"{endpoint}/moto-api/reset", timeout=2).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("moto's server did not start") from None
-                time.sleep(0.2)
-        yield endpoint
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def _plain_fs(endpoint: str) -> s3fs.S3FileSystem:

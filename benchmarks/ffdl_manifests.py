@@ -40,9 +40,6 @@ import io
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 import zipfile
@@ -55,7 +52,7 @@ import boto3
 import httpx
 import yaml
 
-from _server import FAST_CONFIG, LiveServer  # isort: skip
+from _server import FAST_CONFIG, LiveServer, moto_process  # isort: skip
 
 from ffdl.core.errors import FfdlError
 from ffdl.core.manifest import Manifest, parse_manifest
@@ -264,38 +261,6 @@ def data_objects(needs: Needs) -> dict[str, bytes]:
 
 
 # -- the S3 server and the platform ------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def moto_process() -> Iterator[str]:
-    """moto's S3 server as its own process on 127.0.0.1, accepting any credentials."""
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.post(f"{endpoint}/moto-api/reset", timeout=2).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("moto's server did not start") from None
-                time.sleep(0.2)
-        yield endpoint
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def s3_client(endpoint: str) -> Any:
