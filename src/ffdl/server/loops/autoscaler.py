@@ -8,6 +8,9 @@ those held by non-elastic jobs and by elastic jobs already in transition, minus 
 blocked higher-priority job is waiting for (so elastic jobs shrink to admit it). Decisions
 for running jobs become rescales (PROCESSING → RESCALING, with the reason and expected
 gain in the event); for queued elastic jobs, the size the scheduler will place them at.
+A job just submitted is left to the scheduler for ``QUEUED_GRACE_INTERVALS`` scheduler
+intervals: one that fits starts at its manifest's size, whichever loop happens to run first,
+and is grown later by a rescale; one still queued after that is sized here.
 
 Drained nodes: an elastic job with a learner there is restarted at a size that fits
 elsewhere; any other job there is halted and requeued, so nothing is killed for
@@ -38,6 +41,9 @@ from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.services.snapshots import epoch
 from ffdl.server.store.models import Job, Metric
 from ffdl.server.store.transitions import set_job_status
+
+# Scheduler intervals a newly queued elastic job is left to the scheduler (see above).
+QUEUED_GRACE_INTERVALS = 3
 
 _TRANSITIONING = frozenset(
     {
@@ -96,9 +102,12 @@ class AutoscalerLoop:
         running_elastic_priorities: list[int] = []
         held = 0
         now = time.time()
+        fresh_s = max(QUEUED_GRACE_INTERVALS * platform.settings.scheduler_interval_s, 1.0)
         for job in jobs:
             gpus = job.gpus * job.learners
             if job.status == JobStatus.QUEUED.value:
+                if now - epoch(job.status_changed_at) < fresh_s:
+                    continue
                 candidates.append(
                     self._candidate(job, 0, now, epochs.get(job.id), gradients.get(job.id))
                 )
