@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Set before any test imports Ray, which reads it once: without it Ray replaces 127.0.0.1
+# with the host's primary address, and tests must never leave loopback.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
+from ffdl.core.jobdirs import JobDirs
 from ffdl.server.auth import JobTokens, load_or_create_secret
-from ffdl.server.services.jobdirs import JobDirs
 from tests.integration.live import LiveServer, manifest_yaml, wait_for
 
 BAD_METRICS = """

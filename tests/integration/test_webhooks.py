@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ffdl.server.services.jobdirs import JobDirs
+from ffdl.core.jobdirs import JobDirs
 from ffdl.server.services.webhooks import (
     ATTEMPT_HEADER,
     EVENT_ID_HEADER,

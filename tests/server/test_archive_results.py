@@ -8,7 +8,7 @@ import os
 import zipfile
 from pathlib import Path
 
-from ffdl.server.services.archive import SKIPPED_NAME, zip_directory
+from ffdl.core.archive import SKIPPED_NAME, zip_directory
 
 HOST_SECRET = "host-only-content-5f1c"
 

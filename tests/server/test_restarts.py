@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import select
 
 from ffdl.backends.base import Backend
+from ffdl.backends.factory import open_backend
 from ffdl.backends.fake import FakeBackend
-from ffdl.backends.local import LocalBackend
 from ffdl.core.errors import IllegalTransition
 from ffdl.core.resources import Node
 from ffdl.core.status import JobStatus, LearnerStatus, Via
@@ -222,12 +222,15 @@ def test_silence_counts_from_the_control_planes_start(tmp_path: Path) -> None:
     store = make_store(tmp_path)
     _silent_learner(store, "training-f", _gone_handle(tmp_path, "f"), silent_s=300)
     settings = Settings(home=tmp_path / "home")
-    just_started = _platform(tmp_path, store, LocalBackend(settings))
+    just_started = _platform(tmp_path, store, open_backend(settings.backend_config()))
     monitor_pass(just_started)
     assert _job(store, "training-f").status == "PROCESSING", "nobody could hear it till now"
 
     started_long_ago = _platform(
-        tmp_path, store, LocalBackend(settings), started_at=utcnow() - timedelta(minutes=10)
+        tmp_path,
+        store,
+        open_backend(settings.backend_config()),
+        started_at=utcnow() - timedelta(minutes=10),
     )
     monitor_pass(started_long_ago)
     job = _job(store, "training-f")
@@ -242,7 +245,10 @@ def test_one_learners_error_does_not_stop_the_monitor_pass(tmp_path: Path) -> No
     _silent_learner(store, "training-h", _gone_handle(tmp_path, "h"), silent_s=300)
     settings = Settings(home=tmp_path / "home")
     platform = _platform(
-        tmp_path, store, LocalBackend(settings), started_at=utcnow() - timedelta(minutes=10)
+        tmp_path,
+        store,
+        open_backend(settings.backend_config()),
+        started_at=utcnow() - timedelta(minutes=10),
     )
     monitor_pass(platform)
     assert _job(store, "training-g").status == "PROCESSING"

@@ -12,12 +12,12 @@ import pytest
 
 from ffdl.backends.fake import FakeBackend
 from ffdl.core.errors import ManifestError
+from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import parse_manifest
 from ffdl.core.resources import Node
 from ffdl.server.auth import JobTokens
 from ffdl.server.credentials import CredentialVault
 from ffdl.server.platform import Platform
-from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.learner_env import (
     ffdl_variables,
     host_entries,

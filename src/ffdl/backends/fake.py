@@ -261,6 +261,12 @@ class FakeBackend:
             return PollResult(LearnerState.RUNNING)
         return PollResult(LearnerState.EXITED, dict(result))
 
+    def problem(self) -> str | None:
+        return None  # an in-memory cluster is always reachable
+
+    def close(self) -> None:
+        pass
+
     # -- inspection --------------------------------------------------------------------
 
     def running(self) -> list[Handle]:

@@ -4,7 +4,8 @@ Controllers start in their own session so they outlive a restart of the server; 
 user's command runs in the controller's process group, so killing that group takes the
 whole learner down. Nodes are the real host (GPUs from ``nvidia-smi``, or CPU slots when
 there are none) or the virtual nodes declared in the settings, whose learners still run
-here but are accounted to their node.
+here but are accounted to their node. What it needs of the platform's configuration comes
+in a ``LocalConfig`` (the server builds it from its settings).
 """
 
 from __future__ import annotations
@@ -16,22 +17,35 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from ffdl.backends.base import Handle, LaunchRequest, LearnerState, PollResult
 from ffdl.backends.gpus import detect_gpus
 from ffdl.core.resources import Node
-from ffdl.core.units import parse_size_mb
 from ffdl.learner.cgroups import LearnerCgroup
 from ffdl.learner.sandbox import check_available, remove_netns_if_unused
 from ffdl.learner.spec import LearnerSpec, dump_spec
-from ffdl.server.settings import Settings
 
 CONTROLLER_MODULE = "ffdl.learner.controller"
 NO_SANDBOX_WARNING = (
     "LEARNERS ARE NOT SANDBOXED (--no-sandbox): every job runs as the platform's user and "
     "can read its database, secrets and other jobs. Use only on a trusted single-user machine."
 )
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    """What the local backend reads: the platform's home (controllers' ``HOME``), the
+    ``PATH`` controllers get, whether learners are sandboxed, the declared nodes (empty:
+    the real host is one node) and, on a host without GPUs, how many CPU slots it offers
+    (None: one per core)."""
+
+    home: str
+    learner_path: str = "/usr/local/bin:/usr/bin:/bin"
+    sandbox: bool = True
+    nodes: tuple[Node, ...] = ()
+    cpu_slots: int | None = None
 
 
 class SandboxUnavailable(RuntimeError):
@@ -68,9 +82,9 @@ def _with_sandbox(handle: Handle, spec: LearnerSpec) -> Handle:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        if settings.sandbox and (problem := check_available()) is not None:
+    def __init__(self, config: LocalConfig) -> None:
+        self._config = config
+        if config.sandbox and (problem := check_available()) is not None:
             raise SandboxUnavailable(
                 f"cannot sandbox learners: {problem}. Install bubblewrap, or start with "
                 "--no-sandbox to run learners unconfined (trusted single-user machines only)"
@@ -83,24 +97,14 @@ class LocalBackend:
         self._children_lock = threading.Lock()
 
     def _discover_nodes(self) -> list[Node]:
-        if self._settings.nodes:
-            return [
-                Node(
-                    name=n.name,
-                    gpus=n.gpus,
-                    cpus=n.cpus,
-                    memory_mb=parse_size_mb(n.memory, f"nodes.{n.name}.memory"),
-                    gpu_type=n.gpu_type,
-                    labels=dict(n.labels),
-                )
-                for n in self._settings.nodes
-            ]
+        if self._config.nodes:
+            return list(self._config.nodes)
         cores = os.cpu_count() or 1
         gpus = detect_gpus()
         if gpus:
             count, gpu_type = len(gpus), gpus[0].name
         else:
-            count, gpu_type = self._settings.cpu_slots or cores, "cpu"
+            count, gpu_type = self._config.cpu_slots or cores, "cpu"
         return [
             Node(
                 name="local",
@@ -160,10 +164,10 @@ class LocalBackend:
     def _controller_env(self) -> dict[str, str]:
         # Controllers get a minimal environment: nothing of the server's own configuration.
         return {
-            "PATH": self._settings.learner_path,
+            "PATH": self._config.learner_path,
             "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
-            "HOME": str(self._settings.home),
+            "HOME": self._config.home,
         }
 
     def _reap_finished(self) -> None:
@@ -211,3 +215,9 @@ class LocalBackend:
             except (OSError, ValueError):
                 pass
         return PollResult(LearnerState.MISSING)
+
+    def problem(self) -> str | None:
+        return None  # this host is always there
+
+    def close(self) -> None:
+        pass  # controllers outlive the server; nothing else is held

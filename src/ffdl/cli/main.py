@@ -15,7 +15,7 @@ import json
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -130,6 +130,30 @@ def up(
             "the platform's files and other jobs. For trusted single-user machines only.",
         ),
     ] = False,
+    backend: Annotated[
+        Literal["local", "ray"] | None,
+        typer.Option(
+            help="Where learners run: 'local' (this host) or 'ray' (the machines of a Ray "
+            "cluster; needs --ray-address). Default: FFDL_BACKEND, config.yaml, or local.",
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            metavar="ADDRESS",
+            help="The Ray cluster's GCS address HOST:PORT (as 'ray start --head' prints it).",
+        ),
+    ] = None,
+    advertise_url: Annotated[
+        str | None,
+        typer.Option(
+            "--advertise-url",
+            metavar="URL",
+            help="The API address learners report to, reachable from every node "
+            "(default: http://HOST:PORT of this server).",
+        ),
+    ] = None,
 ) -> None:
     """Start the ffdl platform (API server, scheduler, dashboard) in the foreground."""
     # The server stack is heavy; only `up` pays for importing it.
@@ -140,6 +164,9 @@ def up(
         host=host,
         port=port,
         sandbox=False if no_sandbox else None,
+        backend=backend,
+        ray_address=ray_address,
+        advertise_url=advertise_url,
     )
 
 

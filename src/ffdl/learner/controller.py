@@ -2,9 +2,11 @@
 
 Started as ``python -m ffdl.learner.controller SPEC_JSON_PATH``, it owns a learner attempt's
 life: stage the data (DOWNLOADING), run the command and stream its output and metrics
-(PROCESSING), copy the results (STORING), obey halt and cancel, and leave a final
-``result.json`` in its state directory. It imports only the standard library and a few
-light ffdl modules, because it must start fast.
+(PROCESSING), copy the results (STORING: to a host path, an object store, or through the
+API when the platform's disk is out of reach), keep the job's checkpoints in its store,
+obey halt and cancel, and leave a final ``result.json`` in its state directory. The command
+never outlives the controller: the kernel kills it when the controller dies. It imports
+only the standard library and a few light ffdl modules, because it must start fast.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from ffdl.learner.spec import (
     LearnerSpec,
     ObjectLocation,
     SpecError,
+    checkpoint_location,
     erase_spec_secrets,
+    learner_checkpoint_dir,
     learner_log_dir,
     load_spec,
     write_result,
@@ -149,9 +153,11 @@ class Controller:
         self._output_closed = False
         self._metric_sources: MetricSources | None = None
         self._cgroup: LearnerCgroup | None = None
-        # The results' object store, and whether this attempt's logs already went there.
+        # The job's store (results store, else checkpoint store), whether this attempt's
+        # logs already went there, and the thread keeping CHECKPOINT_DIR in it meanwhile.
         self._results_store: staging.JobStore | None = None
         self._logs_stored = False
+        self._checkpoint_sync: staging.CheckpointSync | None = None
 
     # -- stop requests --------------------------------------------------------------------
 
@@ -325,6 +331,8 @@ class Controller:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
+                # SIGKILLed by the kernel if this process dies, whatever kills it.
+                preexec_fn=sandbox.die_with_controller(),
             )
         except OSError as exc:
             sources.stop(tell=False)
@@ -344,8 +352,11 @@ class Controller:
             self.reporter.wait_for_room,
         )
         readers.start()
+        self._start_checkpoint_sync()
         exit_code, acted_on, request = self._supervise(child)
         logger.info("command exited with %d", exit_code)
+        if self._checkpoint_sync is not None:
+            self._checkpoint_sync.stop()
         self._collect_output(readers)
         sources.stop()
         self._training_log.close()
@@ -510,6 +521,8 @@ class Controller:
     def _store(self) -> LearnerResult | None:
         if self.spec.results_store is not None:
             return self._store_objects()
+        if self.spec.results_via_api:
+            return self._store_through_api()
         target = self.spec.results_target
         if not target:
             return None
@@ -561,6 +574,37 @@ class Controller:
             except (staging.StagingError, OSError) as exc:
                 self._ffdl_log(f"[ffdl] storing logs failed: {exc}")
 
+    def _store_through_api(self) -> LearnerResult | None:
+        """Results (learner 1) and this learner's LOG_DIR to the API, which puts them where
+        the copy above would have (the platform's disk is out of this machine's reach)."""
+        # Imported here: zipfile and http.client would slow every controller's start.
+        from ffdl.learner import remote_files
+
+        self._status(LearnerStatus.STORING)
+        spec = self.spec
+        try:
+            remote_files.upload_results(
+                spec.api_url,
+                spec.job_token,
+                spec.training_id,
+                spec.learner,
+                spec.results_source if spec.learner == 1 else None,
+                learner_log_dir(spec),
+                self._ffdl_log,
+                scratch=str(self.state_dir),
+                should_stop=self._wants_abort,
+            )
+        except staging.StagingStopped:
+            return _stop_outcome(self._requested_stop() or CANCEL, self._stop_detail)
+        except (remote_files.RemoteFileError, staging.StagingError, OSError) as exc:
+            return LearnerResult(
+                LearnerStatus.FAILED,
+                exit_code=0,
+                error_code=ErrorCode.STORE_RESULTS_FAILED.value,
+                reason=f"storing results failed: {exc}",
+            )
+        return None
+
     # -- object stores (results, logs and checkpoints under <bucket>/<training id>/) --------
 
     def _stage_objects(self, mount: DataMount, location: ObjectLocation) -> None:
@@ -577,11 +621,17 @@ class Controller:
             staging.hand_over(mount.target, self.spec.sandbox.uid, self.spec.sandbox.gid)
 
     def _job_store(self) -> staging.JobStore | None:
-        if self.spec.results_store is None:
+        """The job's results store, else its checkpoint store (checkpoints only)."""
+        location = checkpoint_location(self.spec)
+        if location is None:
             return None
         if self._results_store is None:
             self._results_store = staging.JobStore(
-                self.spec.results_store, self.spec.learner, self._ffdl_log, str(self.state_dir)
+                location,
+                self.spec.learner,
+                self._ffdl_log,
+                str(self.state_dir),
+                checkpoints_only=self.spec.results_store is None,
             )
         return self._results_store
 
@@ -591,8 +641,18 @@ class Controller:
             sandboxed = self.spec.sandbox
             owner = (sandboxed.uid, sandboxed.gid) if sandboxed is not None else None
             store.restore_checkpoints(
-                self.spec.checkpoint_dir, owner, lambda: self._requested_stop() is not None
+                learner_checkpoint_dir(self.spec),
+                owner,
+                lambda: self._requested_stop() is not None,
             )
+
+    def _start_checkpoint_sync(self) -> None:
+        """Learner 1 keeps the store's checkpoints current while the command runs."""
+        interval, source = self.spec.checkpoint_sync_s, learner_checkpoint_dir(self.spec)
+        store = self._job_store()
+        if self.spec.learner == 1 and interval and source and store is not None:
+            self._checkpoint_sync = staging.CheckpointSync(store, source, interval, self._ffdl_log)
+            self._checkpoint_sync.start()
 
     def _store_objects(self) -> LearnerResult | None:
         """Results (learner 1) and this learner's logs to ``<bucket>/<training id>/``."""
@@ -622,6 +682,8 @@ class Controller:
         """However the attempt ended (unless cancelled): a failed or halted attempt's logs go
         to the store too, and learner 1 saves CHECKPOINT_DIR so that a later attempt on any
         machine can resume."""
+        if self._checkpoint_sync is not None:
+            self._checkpoint_sync.stop()
         store = self._job_store()
         if store is None or str(outcome.status) == LearnerStatus.CANCELLED.value:
             return
@@ -629,7 +691,7 @@ class Controller:
             store.store_logs_and_code(
                 learner_log_dir(self.spec), self.spec.code_archive, self._wants_abort
             )
-        store.save_checkpoints(self.spec.checkpoint_dir, self._wants_abort)
+        store.save_checkpoints(learner_checkpoint_dir(self.spec), self._wants_abort)
 
 
 def fail_without_spec(spec_path: str, error: Exception) -> int:

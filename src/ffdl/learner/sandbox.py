@@ -18,6 +18,9 @@ dropped to the job's uid by setpriv, per-job network namespaces for distributed 
 As another user, bwrap runs in a user namespace: the command keeps the operator's uid
 and distributed jobs share the host network (``network="host"``).
 
+Without a sandbox the command is tied to the controller by ``die_with_controller``: the
+kernel SIGKILLs it when the controller dies (its machine's agent killed it, say).
+
 This module uses the standard library only, because the controller must start fast.
 """
 
@@ -25,9 +28,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -229,6 +233,40 @@ def sandbox_argv(
         argv += ["--cap-drop", "ALL", "--new-session"]
     argv += ["--", "/bin/bash", "-c", command]
     return argv
+
+
+# prctl(2): the signal a process gets when the thread that forked it ends.
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_controller() -> Callable[[], None] | None:
+    """A ``preexec_fn`` after which the kernel SIGKILLs the child when the controller's
+    thread that started it ends; None where prctl cannot be had.
+
+    The controller starts the command from its main thread, which lives until the end, so
+    the signal comes exactly when the controller dies, even by SIGKILL. It reaches the
+    direct child (``bash -c``, or the first link of the sandbox chain, which passes it on
+    through ``exec`` to bwrap); what the child started is bwrap's to end (its PID
+    namespace) or, bare, the platform's (the controller's process group).
+    """
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    controller = os.getpid()
+
+    def preexec() -> None:
+        # Runs in the forked child before exec: only the prepared C call, no imports.
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != controller:
+            # The controller died before the signal was set up: no one to run for.
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
 
 
 # -- per-job network namespaces (distributed jobs, privileged setup) ---------------------

@@ -1,15 +1,18 @@
 """The files the platform and a learner controller exchange.
 
 The platform writes the spec (``dump_spec``), everything a controller needs to run one
-learner, and the controller reads it (``load_spec``). In its state directory the controller
-keeps ``controller.pid`` while it runs and leaves ``result.json`` (``write_result``) when it
-ends, which the platform reads (``read_result``) when the controller went silent. This
-module owns those names, the dataclasses, their JSON shape and their validation. It uses
-the standard library only, because the controller must start fast.
+learner, and the controller reads it (``load_spec``); a backend that runs the controller on
+another machine moves the spec's paths onto that machine's work root (``rebase_spec``). In
+its state directory the controller keeps ``controller.pid`` while it runs and leaves
+``result.json`` (``write_result``) when it ends, which the platform reads (``read_result``)
+when the controller went silent. This module owns those names, the dataclasses, their JSON
+shape and their validation. It uses the standard library only, because the controller must
+start fast.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -27,6 +30,8 @@ OBJECT_STORE_KIND = "s3"
 DATA_MOUNT_KINDS = ("local", "mount_volume", OBJECT_STORE_KIND)
 # What a connection's secret values become once the controller has read them.
 ERASED = "erased"
+# A store root that is a directory every node can read (a shared filesystem), not a bucket.
+FILE_URL = "file://"
 PID_FILE = "controller.pid"
 RESULT_FILE = "result.json"
 CONTROLLER_LOG = "controller.log"
@@ -39,8 +44,10 @@ class SpecError(ValueError):
 @dataclass
 class ObjectLocation:
     """A ``bucket[/prefix]`` of an S3 store and the connection fields that reach it
-    (``S3Connection.to_fields``). The secrets are in clear: the spec file is root's alone,
-    and the controller erases them from it as soon as it has read them."""
+    (``S3Connection.to_fields``), or ``file:///store/prefix``, a directory every node sees
+    (no connection fields; ``/store`` must exist, ``prefix`` is made as files arrive). The
+    secrets are in clear: the spec file is root's alone, and the controller erases them
+    from it as soon as it has read them."""
 
     root: str
     connection: dict[str, str]
@@ -93,11 +100,36 @@ class LearnerSpec:
     metrics_type: str | None = None
     metrics_in: str | None = None
     metrics_line_lookahead: int | None = None
+    # The controller cannot reach the platform's disk (another machine): STORING sends the
+    # results (learner 1) and LOG_DIR (every learner) to the API instead of copying them to
+    # ``results_target``.
+    results_via_api: bool = False
+    # Where _wml_checkpoints/ lives when there is no ``results_store``: the job's own
+    # ``bucket/prefix`` or ``file:///dir`` (a store every node reads); the controller keeps
+    # ``checkpoint_dir`` (default: env's CHECKPOINT_DIR) in sync with it as with the
+    # results store.
+    checkpoint_store: ObjectLocation | None = None
+    # While the command runs, learner 1 uploads what changed in CHECKPOINT_DIR to the
+    # checkpoint store (results or checkpoint store) this often; None: at the attempt's end.
+    checkpoint_sync_s: float | None = None
 
 
 def learner_log_dir(spec: LearnerSpec) -> str | None:
     """The learner's LOG_DIR on the host: what the controller writes, reads and uploads."""
     return spec.log_dir or spec.env.get("LOG_DIR")
+
+
+def learner_checkpoint_dir(spec: LearnerSpec) -> str | None:
+    """The CHECKPOINT_DIR the controller saves to and restores into its store, if any."""
+    if spec.checkpoint_dir or spec.checkpoint_store is None:
+        return spec.checkpoint_dir
+    return spec.env.get("CHECKPOINT_DIR")
+
+
+def checkpoint_location(spec: LearnerSpec) -> ObjectLocation | None:
+    """The store that holds the job's _wml_checkpoints/: its results store, else its
+    checkpoint store."""
+    return spec.results_store or spec.checkpoint_store
 
 
 def host_path(spec: LearnerSpec, path: str) -> str:
@@ -157,7 +189,11 @@ def _object_location(raw: Any, name: str) -> ObjectLocation | None:
     if not isinstance(raw, dict):
         raise SpecError(f"spec field {name!r} must be an object or null")
     root, connection = raw.get("root"), raw.get("connection")
-    if not isinstance(root, str) or not root.strip("/"):
+    if isinstance(root, str) and root.startswith(FILE_URL):
+        directory = root[len(FILE_URL) :]
+        if not os.path.isabs(directory) or ".." in directory.split("/"):
+            raise SpecError(f"spec field '{name}.root' must be file:// and an absolute path")
+    elif not isinstance(root, str) or not root.strip("/"):
         raise SpecError(f"spec field '{name}.root' must be a bucket name")
     if not isinstance(connection, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in connection.items()
@@ -313,7 +349,23 @@ def spec_from_dict(document: dict[str, Any]) -> LearnerSpec:
         metrics_type=_optional_str(document, "metrics_type"),
         metrics_in=_optional_str(document, "metrics_in"),
         metrics_line_lookahead=_optional_count(document, "metrics_line_lookahead"),
+        results_via_api=_flag(document, "results_via_api"),
+        checkpoint_store=_object_location(document.get("checkpoint_store"), "checkpoint_store"),
+        checkpoint_sync_s=_optional_number(document, "checkpoint_sync_s"),
     )
+
+
+def _flag(document: dict[str, Any], name: str) -> bool:
+    value = document.get(name, False)
+    if not isinstance(value, bool):
+        raise SpecError(f"spec field {name!r} must be true or false")
+    return value
+
+
+def _optional_number(document: dict[str, Any], name: str) -> float | None:
+    if document.get(name) is None:
+        return None
+    return _number(document, name, 0.0)
 
 
 def _optional_count(document: dict[str, Any], name: str) -> int | None:
@@ -375,13 +427,63 @@ def erase_spec_secrets(path: str | os.PathLike[str]) -> bool:
     for mount in document.get("data") or []:
         if isinstance(mount, dict) and isinstance(mount.get("store"), dict):
             mount["store"]["connection"] = _erased(mount["store"].get("connection"))
-    if isinstance(document.get("results_store"), dict):
-        results = document["results_store"]
-        results["connection"] = _erased(results.get("connection"))
+    for name in ("results_store", "checkpoint_store"):
+        if isinstance(document.get(name), dict):
+            document[name]["connection"] = _erased(document[name].get("connection"))
     if json.dumps(document, sort_keys=True) == before:
         return False
     write_private_json(path, document)
     return True
+
+
+def rebase_spec(spec: LearnerSpec, old_home: str, new_home: str) -> LearnerSpec:
+    """A copy of ``spec`` whose paths under ``old_home`` (the control plane's home) lie
+    under ``new_home`` (a node's work root) instead.
+
+    Moved: every path field, each data mount's target, every env value (each part of a
+    ``:``-separated one, such as PATH), the runtime's paths and the sandbox's. Kept as they
+    are: a data mount's source and a sandbox volume's source (the operator's paths, which
+    must exist on the node as written) and store roots (shared by every node).
+    """
+    old = old_home.rstrip("/") or "/"
+    new = new_home.rstrip("/") or "/"
+
+    def move(path: str) -> str:
+        if path == old:
+            return new
+        if old != "/" and path.startswith(old + "/"):
+            return new + path[len(old) :]
+        return path
+
+    def maybe(path: str | None) -> str | None:
+        return move(path) if path is not None else None
+
+    rebased = copy.deepcopy(spec)
+    rebased.workdir = move(spec.workdir)
+    rebased.state_dir = move(spec.state_dir)
+    rebased.log_dir = maybe(spec.log_dir)
+    rebased.checkpoint_dir = maybe(spec.checkpoint_dir)
+    rebased.results_source = maybe(spec.results_source)
+    rebased.results_target = maybe(spec.results_target)
+    rebased.emetrics_file = maybe(spec.emetrics_file)
+    rebased.code_archive = maybe(spec.code_archive)
+    rebased.metrics_in = maybe(spec.metrics_in)
+    rebased.env = {
+        key: ":".join(move(part) for part in value.split(":")) for key, value in spec.env.items()
+    }
+    for mount in rebased.data:
+        mount.target = move(mount.target)
+    if (runtime := rebased.runtime) is not None:
+        runtime.path = move(runtime.path)
+        runtime.python = move(runtime.python)
+        runtime.find_links = [move(link) for link in runtime.find_links]
+    if (box := rebased.sandbox) is not None:
+        box.read_only = [move(path) for path in box.read_only]
+        box.read_write = [move(path) for path in box.read_write]
+        box.volumes = [[source, move(target)] for source, target in box.volumes]
+        box.binds = [[move(source), move(target)] for source, target in box.binds]
+        box.hidden = [move(path) for path in box.hidden]
+    return rebased
 
 
 def write_result(state_dir: str | os.PathLike[str], result: LearnerResult) -> None:

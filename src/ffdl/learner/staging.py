@@ -1,22 +1,28 @@
 """Moving a learner's data in and its results out: tree copies with progress lines, volume
-mounts as symlinks, and transfers with object stores (through ``ffdl.storage``).
+mounts as symlinks, and transfers with object stores (through ``ffdl.storage``): S3
+buckets, or ``file://`` directories every node sees.
 
 This module owns what "staged" means: a copied file is left alone on a later attempt when
 size and modification time already match, and progress is announced at most every
-``PROGRESS_INTERVAL_S`` seconds plus once at the end. ``ffdl.storage`` (and s3fs) is imported
-only when a job uses an object store: the controller must start fast.
+``PROGRESS_INTERVAL_S`` seconds plus once at the end. It also owns the job's checkpoints in
+a store: saved at an attempt's end or, while the command runs, every few seconds by a
+``CheckpointSync`` thread, never a checkpoint half written (see ``snapshot_tree``).
+``ffdl.storage`` (and s3fs) is imported only when a job uses a store: the controller must
+start fast.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from stat import S_ISREG
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ffdl.learner.spec import ObjectLocation
@@ -24,6 +30,8 @@ if TYPE_CHECKING:
 
 PROGRESS_INTERVAL_S = 0.5
 MEGABYTE = 1_000_000
+FILE_URL = "file://"
+CHUNK_BYTES = 1 << 20
 
 
 class StagingError(Exception):
@@ -50,7 +58,7 @@ class _Counts(Protocol):
     bytes_done: int
 
 
-def _progress_line(label: str, stats: _Counts) -> str:
+def progress_line(label: str, stats: _Counts) -> str:
     return (
         f"[ffdl] {label}: {stats.files_done}/{stats.files_total} files, "
         f"{stats.bytes_done / MEGABYTE:.1f}/{stats.bytes_total / MEGABYTE:.1f} MB"
@@ -69,7 +77,7 @@ def _is_same_file(source: os.stat_result, target_path: str) -> bool:
     )
 
 
-def _plan(source: str) -> tuple[list[tuple[str, str, os.stat_result]], list[str], list[str]]:
+def plan_tree(source: str) -> tuple[list[tuple[str, str, os.stat_result]], list[str], list[str]]:
     """Walk ``source`` without following links: (regular files with their stats,
     directories, and what was left out: links and special files)."""
     files: list[tuple[str, str, os.stat_result]] = []
@@ -98,7 +106,7 @@ def _plan(source: str) -> tuple[list[tuple[str, str, os.stat_result]], list[str]
     return files, directories, left_out
 
 
-def _open_planned(path: str, planned: os.stat_result, root: str) -> int:
+def open_planned(path: str, planned: os.stat_result, root: str) -> int:
     """Open a planned file for reading, or raise OSError if it is no longer that file.
 
     The tree may belong to a job whose processes still run: the file is opened without
@@ -120,7 +128,7 @@ def _open_planned(path: str, planned: os.stat_result, root: str) -> int:
 
 
 def _copy_file(path: str, destination: str, planned: os.stat_result, root: str) -> None:
-    fd = _open_planned(path, planned, root)
+    fd = open_planned(path, planned, root)
     with os.fdopen(fd, "rb") as src, open(destination, "wb") as out:
         shutil.copyfileobj(src, out)
     os.chmod(destination, planned.st_mode & 0o777)
@@ -156,7 +164,7 @@ def copy_tree(
             directories: list[str] = []
             left_out: list[str] = []
         else:
-            entries, directories, left_out = _plan(source)
+            entries, directories, left_out = plan_tree(source)
             os.makedirs(target, exist_ok=True)
     except OSError as exc:
         raise StagingError(f"cannot read {source}: {exc}") from exc
@@ -182,12 +190,12 @@ def copy_tree(
             stats.bytes_done += stat.st_size
             now = clock()
             if now - last_report >= PROGRESS_INTERVAL_S:
-                progress(_progress_line(label, stats))
+                progress(progress_line(label, stats))
                 last_report, reported_done = now, stats.files_done
     except OSError as exc:
         raise StagingError(f"cannot copy {source} to {target}: {exc}") from exc
     if reported_done != stats.files_done:
-        progress(_progress_line(label, stats))
+        progress(progress_line(label, stats))
     return stats
 
 
@@ -225,7 +233,10 @@ def link_volume(source: str, target: str) -> None:
 
 
 def object_store(location: ObjectLocation) -> DataStore:
-    """The S3 store a spec's location names (``location.root`` is ``bucket[/prefix]``)."""
+    """The store a spec's location names: ``location.root`` is ``bucket[/prefix]`` (S3) or
+    ``file:///dir`` (a directory, on a filesystem every node shares)."""
+    if location.root.startswith(FILE_URL):
+        return _shared_directory(location.root)
     from ffdl.storage.connection import ConnectionFieldError, S3Connection
     from ffdl.storage.s3 import s3_store
 
@@ -234,6 +245,46 @@ def object_store(location: ObjectLocation) -> DataStore:
     except ConnectionFieldError as exc:
         raise StagingError(f"s3://{location.root}: {exc}") from None
     return s3_store(connection, location.root)
+
+
+def _shared_directory(url: str) -> DataStore:
+    """A local store (``fsspec_store.local_store``'s) whose files appear whole or not at all.
+
+    fsspec's local ``put`` writes straight into the file's final name: a machine that dies
+    mid-upload would leave a truncated checkpoint that a later attempt, elsewhere, restores.
+    Here each file is written under a hidden name beside it and renamed when complete, as
+    an S3 object only appears once whole.
+    """
+    from fsspec.implementations.local import LocalFileSystem
+
+    from ffdl.storage.fsspec_store import FsspecStore
+
+    class WholeFiles(LocalFileSystem):  # type: ignore[misc]
+        def put_file(self, path1: Any, path2: Any, callback: Any = None, **kwargs: Any) -> None:
+            del kwargs
+            target = self._strip_protocol(path2)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            fd, partial = tempfile.mkstemp(prefix=".ffdl-partial-", dir=os.path.dirname(target))
+            try:
+                with open(self._strip_protocol(path1), "rb") as src, os.fdopen(fd, "wb") as out:
+                    while chunk := src.read(CHUNK_BYTES):
+                        out.write(chunk)
+                        # Counts the bytes, and stops a large file's copy on request.
+                        if callback is not None:
+                            callback.relative_update(len(chunk))
+                os.chmod(partial, 0o644)
+                os.replace(partial, target)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(partial)
+                raise
+
+    directory = os.path.abspath(url[len(FILE_URL) :])
+    # The root is the job's own directory in the store (``file://<store>/<training id>``):
+    # the store must exist, the job's directory appears with its first upload. A store that
+    # is not mounted on this node is then an error, never an empty store.
+    anchor = os.path.dirname(directory)
+    return FsspecStore(WholeFiles(auto_mkdir=True), directory, url=url, anchor=anchor)
 
 
 def _transfer(
@@ -268,7 +319,7 @@ def download_objects(
         lambda: store.download(
             prefix,
             target,
-            progress=lambda stats: progress(_progress_line(label, stats)),
+            progress=lambda stats: progress(progress_line(label, stats)),
             should_stop=should_stop,
             skip_existing=True,
         ),
@@ -292,7 +343,7 @@ def upload_objects(
         lambda: store.upload(
             source,
             prefix,
-            progress=lambda stats: progress(_progress_line(label, stats)),
+            progress=lambda stats: progress(progress_line(label, stats)),
             should_stop=should_stop,
             skip_existing=skip_existing,
         ),
@@ -356,12 +407,60 @@ def restore_tree(
 STORE_CHECKPOINTS_DIR = "_wml_checkpoints"
 STORE_CODE_DIR = "_submitted_code"
 STORE_CODE_ARCHIVE = "model.zip"
+# The SDK writes a checkpoint under such a hidden name and renames it when whole
+# (``ffdl.sdk.checkpoint``): a file still being written, never stored.
+PARTIAL_CHECKPOINT = (".ckpt-", ".tmp")
+
+
+def _partial_checkpoint(name: str) -> bool:
+    return name.startswith(PARTIAL_CHECKPOINT[0]) and name.endswith(PARTIAL_CHECKPOINT[1])
+
+
+def tree_state(source: str) -> tuple[tuple[str, int, int], ...]:
+    """What a checkpoint directory holds: (path, size, mtime) of each regular file that
+    is not a checkpoint being written. Two equal states need no second upload."""
+    files, _directories, _left_out = plan_tree(source)
+    return tuple(
+        sorted(
+            (relative, stat.st_size, stat.st_mtime_ns)
+            for _path, relative, stat in files
+            if not _partial_checkpoint(os.path.basename(relative))
+        )
+    )
+
+
+def snapshot_tree(source: str, scratch: str) -> str | None:
+    """A fresh directory in ``scratch`` holding hard links to the regular files of
+    ``source``, checkpoints being written left out; None where links cannot be made (another
+    filesystem), and the caller uploads ``source`` itself.
+
+    The files uploaded are then the ones seen here, whatever the job renames or prunes
+    meanwhile; a file the job writes in place is uploaded as it is when read, and again
+    once its size or time has changed.
+    """
+    files, directories, _left_out = plan_tree(source)
+    os.makedirs(scratch, exist_ok=True, mode=0o700)
+    fresh = tempfile.mkdtemp(prefix="snapshot-", dir=scratch)
+    try:
+        for relative in directories:
+            os.makedirs(os.path.join(fresh, relative), exist_ok=True)
+        for path, relative, _stat in files:
+            if _partial_checkpoint(os.path.basename(relative)):
+                continue
+            with contextlib.suppress(FileNotFoundError):  # pruned meanwhile
+                os.link(path, os.path.join(fresh, relative), follow_symlinks=False)
+    except OSError:
+        shutil.rmtree(fresh, ignore_errors=True)
+        return None
+    return fresh
 
 
 class JobStore:
-    """One learner's side of a job's results store (``<bucket>/<training id>/``): results
-    (learner 1) at the top, its LOG_DIR under ``learner-N/``, the code archive under
-    ``_submitted_code/``, checkpoints under ``_wml_checkpoints/``, as FfDL laid them out."""
+    """One learner's side of a job's store (``<bucket>/<training id>/``): results (learner
+    1) at the top, its LOG_DIR under ``learner-N/``, the code archive under
+    ``_submitted_code/``, checkpoints under ``_wml_checkpoints/``, as FfDL laid them out.
+    With ``checkpoints_only`` (a job's checkpoint store, not its results store) it holds
+    the checkpoints alone: results and logs go elsewhere."""
 
     def __init__(
         self,
@@ -369,16 +468,20 @@ class JobStore:
         learner: int,
         progress: Callable[[str], None],
         scratch: str,
+        *,
+        checkpoints_only: bool = False,
     ) -> None:
         self.location = location
         self.learner = learner
+        self.checkpoints_only = checkpoints_only
         self._progress = progress
         self._scratch = scratch
         self._store: DataStore | None = None
 
     @property
     def url(self) -> str:
-        return f"s3://{self.location.root}"
+        root = self.location.root
+        return root if root.startswith(FILE_URL) else f"s3://{root}"
 
     def store(self) -> DataStore:
         if self._store is None:
@@ -387,7 +490,7 @@ class JobStore:
 
     def store_results(self, source: str | None, should_stop: Callable[[], bool]) -> None:
         """Learner 1 uploads RESULT_DIR; raises ``StagingError`` or ``StagingStopped``."""
-        if self.learner != 1 or not source or not os.path.isdir(source):
+        if self.checkpoints_only or self.learner != 1 or not source or not os.path.isdir(source):
             return
         self._progress(f"[ffdl] storing results from {source} to {self.url}")
         upload_objects(
@@ -404,6 +507,8 @@ class JobStore:
     ) -> None:
         """This learner's LOG_DIR and (learner 1) the code archive; the results stand
         without them, so a failure is only told."""
+        if self.checkpoints_only:
+            return
         try:
             if log_dir and os.path.isdir(log_dir):
                 upload_objects(
@@ -439,23 +544,39 @@ class JobStore:
     def save_checkpoints(self, source: str | None, should_stop: Callable[[], bool]) -> None:
         """Learner 1 uploads CHECKPOINT_DIR (unchanged files are not sent again); a failure
         is told, never the attempt's."""
-        if self.learner != 1 or not source or not os.path.isdir(source):
-            return
         try:
-            if os.listdir(source):
-                upload_objects(
-                    source,
-                    self.store(),
-                    STORE_CHECKPOINTS_DIR,
-                    label="saving checkpoints",
-                    progress=self._progress,
-                    should_stop=should_stop,
-                    skip_existing=True,
-                )
+            if source and os.path.isdir(source) and os.listdir(source):
+                self.upload_checkpoints(source, should_stop, "saving checkpoints", self._progress)
         except StagingStopped:
             return
         except (StagingError, OSError) as exc:
             self._progress(f"[ffdl] saving checkpoints failed: {exc}")
+
+    def upload_checkpoints(
+        self,
+        source: str,
+        should_stop: Callable[[], bool],
+        label: str,
+        progress: Callable[[str], None],
+    ) -> TransferStats | None:
+        """Learner 1 uploads what is new in CHECKPOINT_DIR, from a snapshot (see
+        ``snapshot_tree``); raises ``StagingError``, ``StagingStopped`` or ``OSError``."""
+        if self.learner != 1:
+            return None
+        snapshot = snapshot_tree(source, os.path.join(self._scratch, "checkpoint-snapshots"))
+        try:
+            return upload_objects(
+                snapshot or source,
+                self.store(),
+                STORE_CHECKPOINTS_DIR,
+                label=label,
+                progress=progress,
+                should_stop=should_stop,
+                skip_existing=True,
+            )
+        finally:
+            if snapshot is not None:
+                shutil.rmtree(snapshot, ignore_errors=True)
 
     def restore_checkpoints(
         self, target: str | None, owner: tuple[int, int] | None, should_stop: Callable[[], bool]
@@ -478,4 +599,65 @@ class JobStore:
             self._progress(
                 f"[ffdl] restored {restored.files_total} checkpoint files from "
                 f"{self.url}/{STORE_CHECKPOINTS_DIR} into {target}"
+            )
+
+
+class CheckpointSync:
+    """Learner 1's CHECKPOINT_DIR uploaded to the job's store every ``interval_s`` while the
+    command runs, whenever something in it changed, so that a machine that dies loses at
+    most that much. A failure is told in the job's log (once, until it recovers), never
+    the attempt's; ``stop`` ends an upload under way and waits for the thread."""
+
+    def __init__(
+        self, store: JobStore, source: str, interval_s: float, progress: Callable[[str], None]
+    ) -> None:
+        self._store = store
+        self._source = source
+        self._interval_s = interval_s
+        self._progress = progress
+        self._stopped = threading.Event()
+        self._synced: tuple[tuple[str, int, int], ...] = ()
+        self._told: str | None = None
+        self._thread = threading.Thread(target=self._run, name="checkpoint-sync", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            try:
+                self.sync_once()
+            except StagingStopped:
+                return
+            except (StagingError, OSError) as exc:
+                problem = f"[ffdl] syncing checkpoints to {self._store.url} failed: {exc}"
+                if problem != self._told:
+                    self._progress(problem)
+                    self._told = problem
+            else:
+                if self._told is not None:
+                    self._progress(f"[ffdl] syncing checkpoints to {self._store.url} works again")
+                    self._told = None
+
+    def sync_once(self) -> None:
+        """Upload CHECKPOINT_DIR when it changed since the last upload that went through."""
+        if not os.path.isdir(self._source):
+            return
+        state = tree_state(self._source)
+        if not state or state == self._synced:
+            return
+        stats = self._store.upload_checkpoints(
+            self._source, self._stopped.is_set, "syncing checkpoints", lambda line: None
+        )
+        self._synced = state
+        if stats is not None and stats.files_done > stats.files_skipped:
+            self._progress(
+                f"[ffdl] synced checkpoints to {self._store.url}: "
+                f"{stats.files_done - stats.files_skipped} new or changed of "
+                f"{stats.files_total} files, {stats.bytes_total / MEGABYTE:.1f} MB in all"
             )

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from ffdl.backends.base import Backend
-from ffdl.backends.local import LocalBackend
+from ffdl.backends.factory import open_backend
 from ffdl.core.errors import FfdlError, error_body
 from ffdl.server.auth import JobTokens, bootstrap, load_or_create_secret
 from ffdl.server.credentials import CredentialVault
@@ -68,7 +68,7 @@ def build_platform(settings: Settings, backend: Backend | None = None) -> Platfo
     return Platform(
         settings=settings,
         store=store,
-        backend=backend or LocalBackend(settings),
+        backend=backend or open_backend(settings.backend_config()),
         job_tokens=JobTokens(secret),
         credentials=CredentialVault(secret),
     )
@@ -101,7 +101,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            platform.store.dispose()
+            platform.close()
 
     app = FfdlApp(
         title="ffdl",

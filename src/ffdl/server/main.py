@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import uvicorn
+from pydantic import ValidationError
 
+from ffdl.backends.base import BackendConfigError, BackendUnavailable
 from ffdl.backends.local import NO_SANDBOX_WARNING, SandboxUnavailable
 from ffdl.server.app import create_app
 from ffdl.server.settings import Settings
+
+log = logging.getLogger("ffdl.server")
 
 
 def serve(
@@ -17,24 +23,75 @@ def serve(
     host: str | None = None,
     port: int | None = None,
     sandbox: bool | None = None,
+    backend: str | None = None,
+    ray_address: str | None = None,
+    advertise_url: str | None = None,
 ) -> None:
-    settings = Settings.load(home, host=host, port=port, sandbox=sandbox)
+    try:
+        settings = Settings.load(
+            home,
+            host=host,
+            port=port,
+            sandbox=sandbox,
+            backend=backend,
+            ray_address=ray_address,
+            advertise_url=advertise_url,
+        )
+        # Built here once to report a bad configuration before anything starts.
+        settings.backend_config()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise SystemExit(f"ffdl: invalid settings: {problems}") from None
+    except ValueError as exc:
+        raise SystemExit(f"ffdl: {exc}") from None
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if not settings.sandbox:
-        logging.getLogger("ffdl.server").warning(NO_SANDBOX_WARNING)
+        log.warning(NO_SANDBOX_WARNING)
+    _log_backend(settings)
     try:
         app = create_app(settings)
-    except SandboxUnavailable as exc:
+    except (SandboxUnavailable, BackendConfigError, BackendUnavailable, ValueError) as exc:
         raise SystemExit(f"ffdl: {exc}") from None
-    logging.getLogger("ffdl.server").info(
+    log.info(
         "ffdl is up at %s (home %s); API docs at %s/docs",
         settings.api_url,
         settings.home,
         settings.api_url,
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+
+
+def _log_backend(settings: Settings) -> None:
+    if settings.backend == "ray":
+        log.info(
+            "backend: ray, cluster at %s (namespace %s); learners report to %s",
+            settings.ray_address,
+            settings.ray_namespace,
+            settings.learner_api_url,
+        )
+        if _is_loopback(settings.learner_api_url):
+            log.warning(
+                "learners report to %s, a loopback address that learners on other machines "
+                "cannot reach; start with --advertise-url http://HOST:PORT",
+                settings.learner_api_url,
+            )
+    else:
+        log.info("backend: local (learners run on this host)")
+
+
+def _is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _main() -> None:
@@ -45,8 +102,19 @@ def _main() -> None:
     parser.add_argument("--host", default=None)
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--no-sandbox", action="store_true")
+    parser.add_argument("--backend", choices=["local", "ray"], default=None)
+    parser.add_argument("--ray-address", default=None, metavar="ADDRESS")
+    parser.add_argument("--advertise-url", default=None, metavar="URL")
     args = parser.parse_args()
-    serve(args.home, args.host, args.port, sandbox=False if args.no_sandbox else None)
+    serve(
+        args.home,
+        args.host,
+        args.port,
+        sandbox=False if args.no_sandbox else None,
+        backend=args.backend,
+        ray_address=args.ray_address,
+        advertise_url=args.advertise_url,
+    )
 
 
 if __name__ == "__main__":

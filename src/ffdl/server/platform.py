@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -14,6 +15,8 @@ from ffdl.server.passwords import SignIns
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
 from ffdl.server.store.transitions import utcnow
+
+log = logging.getLogger("ffdl.server")
 
 
 class Wakeups:
@@ -57,3 +60,12 @@ class Platform:
     # When this control plane started (naive UTC, like the store's times): silence is
     # measured from here at the earliest, since no controller could be heard before.
     started_at: datetime = field(default_factory=utcnow)
+
+    def close(self) -> None:
+        """Release the backend and the database once the loops have stopped."""
+        try:
+            self.backend.close()
+        except Exception:
+            # Shutting down goes on: the store must still be released.
+            log.exception("closing the %s backend failed", self.backend.name)
+        self.store.dispose()

@@ -3,6 +3,9 @@
 Sources, highest first: explicit overrides (CLI flags), ``FFDL_*`` environment variables,
 ``<home>/config.yaml``, defaults. ``home`` holds the database, job directories, the client
 config and the optional ``config.yaml`` (e.g. declared virtual nodes).
+
+Backends never read these settings: ``backend_config`` hands the chosen backend its own
+typed configuration (``LocalConfig`` or ``RayConfig``).
 """
 
 from __future__ import annotations
@@ -10,12 +13,17 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ffdl.backends.local import LocalConfig
+from ffdl.backends.ray_config import RayConfig
+from ffdl.core.resources import Node
+from ffdl.core.units import parse_size_mb
 from ffdl.server.services.runtimes import RuntimeConfig, check_runtimes
 
 
@@ -56,6 +64,23 @@ class Settings(BaseSettings):
     # PATH given to controllers and user commands: this interpreter's bin directory first,
     # so `python` in a manifest command is the platform's Python.
     learner_path: str = Field(default_factory=lambda: _default_learner_path())
+
+    # Where learners run: ``local`` (controller processes on this host) or ``ray`` (on the
+    # machines of the Ray cluster at ``ray_address``, its GCS ``HOST:PORT``).
+    backend: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
+    # The API address learners report to (default ``api_url``). Learners on other machines
+    # cannot reach a loopback address: with Ray, advertise one they can.
+    advertise_url: str | None = None
+    ray_namespace: str = "ffdl"
+    # Each Ray node keeps the job directories of its learners under this root.
+    ray_work_root: str = "/tmp/ffdl-ray"
+    # Checkpoints of jobs whose manifest names no results object store go to this fsspec URL
+    # (a store every node can read: ``file:///shared/ckpt``, ``s3://bucket/prefix``).
+    checkpoint_store: str | None = None
+    checkpoint_store_options: dict[str, str] = Field(default_factory=dict)
+    checkpoint_sync_s: float = Field(default=5.0, gt=0)
+    ray_launch_timeout_s: float = Field(default=30.0, gt=0)
 
     # Loops and liveness.
     scheduler_interval_s: float = 1.0
@@ -129,6 +154,24 @@ class Settings(BaseSettings):
     max_archive_files: int = 20_000
     max_unpacked_bytes: int = 2 * 1024 * 1024 * 1024
 
+    @field_validator("advertise_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None  # unset (``FFDL_ADVERTISE_URL=``): learners use ``api_url``
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"advertise_url must be an http(s)://HOST[:PORT] URL, got {value!r}")
+        return value.strip()
+
+    @field_validator("ray_address")
+    @classmethod
+    def _non_empty_address(cls, value: str | None) -> str | None:
+        # An empty value (``FFDL_RAY_ADDRESS=``) means unset, not "an address called ''".
+        if value is None:
+            return None
+        return value.strip() or None
+
     @field_validator("runtimes")
     @classmethod
     def _unambiguous_runtimes(cls, value: list[RuntimeConfig]) -> list[RuntimeConfig]:
@@ -161,6 +204,50 @@ class Settings(BaseSettings):
     def api_url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def learner_api_url(self) -> str:
+        """The API address learners report to: ``advertise_url``, else ``api_url``."""
+        return (self.advertise_url or self.api_url).rstrip("/")
+
+    def backend_config(self) -> LocalConfig | RayConfig:
+        """The chosen backend's configuration; ValueError when it cannot be built."""
+        if self.backend == "ray":
+            if not self.ray_address:
+                raise ValueError(
+                    "the Ray backend needs the Ray cluster's address: set ray_address "
+                    "(ffdl up --ray-address HOST:PORT, or FFDL_RAY_ADDRESS)"
+                )
+            return RayConfig(
+                address=self.ray_address,
+                home=str(self.home),
+                api_url=self.learner_api_url,
+                namespace=self.ray_namespace,
+                work_root=self.ray_work_root,
+                checkpoint_store=self.checkpoint_store,
+                checkpoint_store_options=dict(self.checkpoint_store_options),
+                checkpoint_sync_s=self.checkpoint_sync_s,
+                launch_timeout_s=self.ray_launch_timeout_s,
+                sandbox=self.sandbox,
+                learner_path=self.learner_path,
+            )
+        return LocalConfig(
+            home=str(self.home),
+            learner_path=self.learner_path,
+            sandbox=self.sandbox,
+            nodes=tuple(
+                Node(
+                    name=n.name,
+                    gpus=n.gpus,
+                    cpus=n.cpus,
+                    memory_mb=parse_size_mb(n.memory, f"nodes.{n.name}.memory"),
+                    gpu_type=n.gpu_type,
+                    labels=dict(n.labels),
+                )
+                for n in self.nodes
+            ),
+            cpu_slots=self.cpu_slots,
+        )
 
     @classmethod
     def load(cls, home: Path | None = None, **overrides: Any) -> Settings:

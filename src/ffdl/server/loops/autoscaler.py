@@ -14,7 +14,8 @@ and is grown later by a rescale; one still queued after that is sized here.
 
 Drained nodes: an elastic job with a learner there is restarted at a size that fits
 elsewhere; any other job there is halted and requeued, so nothing is killed for
-maintenance. A job restarted less than ``min_rescale_interval_s`` ago keeps its size
+maintenance. Nothing is done while the backend has a problem (``Backend.problem``).
+A job restarted less than ``min_rescale_interval_s`` ago keeps its size
 (user and drain decisions excepted), so the cluster does not churn.
 """
 
@@ -75,6 +76,10 @@ class AutoscalerLoop:
 
     def __call__(self) -> None:
         platform = self._platform
+        if platform.backend.problem() is not None:
+            # No resizes or moves while learners cannot be started: a rescale would stop
+            # jobs that cannot then come back.
+            return
         nodes = effective_nodes(platform)
         drained = {n.name for n in nodes if not n.schedulable}
         holding = [s.value for s in HOLDING_JOB_STATES]

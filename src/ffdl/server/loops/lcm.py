@@ -3,7 +3,9 @@
 Deploying is a list of idempotent steps recorded in ``deploy_steps`` per attempt, so a
 manager that crashed mid-deploy resumes where it stopped without starting a learner twice
 (``Backend.launch`` is itself idempotent for the step that was running when it crashed).
-No backend call is made while a database session is open.
+No backend call is made while a database session is open. A backend that cannot be reached
+(``BackendUnavailable``) fails nothing: the job is left as it is and the next pass tries
+again (a deploy that never gets through is bounded by the monitor's deploy timeout).
 """
 
 from __future__ import annotations
@@ -19,18 +21,18 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ffdl.backends.base import LaunchRequest, LearnerState
+from ffdl.backends.base import BackendUnavailable, Handle, LaunchRequest, LearnerState
+from ffdl.core.archive import unpack_archive
 from ffdl.core.errors import ArchiveError, FfdlError, IllegalTransition
+from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import Manifest
-from ffdl.core.resources import Placement
+from ffdl.core.resources import LearnerPlacement, Placement
 from ffdl.core.status import TERMINAL_LEARNER_STATES, ErrorCode, JobStatus, LearnerStatus
 from ffdl.learner.spec import OBJECT_STORE_KIND, DataMount, LearnerSpec
 from ffdl.learner.staging import StagingError, hand_over
 from ffdl.server.loops.scheduler import PREEMPTED, free_port
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job, aggregate_job_failure
-from ffdl.server.services.archive import unpack_archive
-from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.learner_env import (
     ffdl_variables,
     job_runtime,
@@ -80,9 +82,15 @@ def lcm_pass(platform: Platform) -> None:
 
 
 def _for_one_job(platform: Platform, step: Callable[[Platform, str], None], job_id: str) -> None:
-    """Run one job's step; whatever goes wrong is that job's failure, never the pass's."""
+    """Run one job's step; whatever goes wrong is that job's failure, never the pass's.
+
+    An unreachable backend is nobody's failure: the step stops where it is (what it did so
+    far is recorded) and the next pass runs it again.
+    """
     try:
         step(platform, job_id)
+    except BackendUnavailable as exc:
+        log.warning("%s of %s waits for the backend: %s", step.__name__, job_id, exc)
     except Exception as exc:
         log.exception("%s of %s failed", step.__name__, job_id)
         code = ErrorCode.BAD_ARCHIVE if _is_archive_error(exc) else ErrorCode.DEPLOY_FAILED
@@ -153,11 +161,20 @@ def deploy(platform: Platform, job_id: str) -> None:
                 batch_size,
             )
             _ensure_learner_row(platform, job_id, lp.learner, attempt, lp.node, lp.gpu_ids)
-            handle = platform.backend.launch(LaunchRequest(lp.node, lp.gpu_ids, spec))
+            # BackendUnavailable propagates to ``_for_one_job``: this step stays unrecorded,
+            # so the next pass launches this learner (launch is idempotent).
+            handle = platform.backend.launch(
+                LaunchRequest(lp.node, lp.gpu_ids, spec, gang=placement.learners)
+            )
+            bound = _bound_gpu_ids(handle)
             with platform.store.write() as session:
                 learner = _learner(session, job_id, lp.learner, attempt)
                 if learner is not None:
                     learner.handle = handle
+                    if bound is not None and bound != lp.gpu_ids:
+                        learner.gpu_ids = list(bound)
+                if bound is not None and bound != lp.gpu_ids:
+                    _record_bound_gpus(session, job_id, attempt, lp, bound)
                 if session.get(DeployStep, (job_id, attempt, step)) is None:
                     session.add(
                         DeployStep(job_id=job_id, attempt=attempt, step=step, done_at=utcnow())
@@ -168,6 +185,30 @@ def deploy(platform: Platform, job_id: str) -> None:
         log.warning("deploy of %s failed: %s", job_id, exc)
         code = ErrorCode.BAD_ARCHIVE if _is_archive_error(exc) else ErrorCode.DEPLOY_FAILED
         _fail(platform, job_id, f"deploy failed: {exc}", code.value)
+
+
+def _bound_gpu_ids(handle: Handle) -> tuple[int, ...] | None:
+    """The GPU ids the backend says it bound for a learner, if its handle names them."""
+    ids = handle.get("gpu_ids")
+    if not isinstance(ids, list | tuple) or not all(
+        isinstance(g, int) and not isinstance(g, bool) for g in ids
+    ):
+        return None
+    return tuple(ids)
+
+
+def _record_bound_gpus(
+    session: Session, job_id: str, attempt: int, lp: LearnerPlacement, bound: tuple[int, ...]
+) -> None:
+    """Make the job's placement say which devices its learner really holds, so that what
+    the scheduler accounts matches what the backend bound."""
+    job = session.get(Job, job_id)
+    if job is None or job.attempt != attempt or not job.placement:
+        return
+    job.placement = [
+        {**item, "gpu_ids": list(bound)} if item.get("learner") == lp.learner else item
+        for item in job.placement
+    ]
 
 
 def _record_results_location(platform: Platform, job_id: str, target: Path | str | None) -> None:
@@ -269,7 +310,7 @@ def build_spec(
         learner=learner,
         num_learners=len(placement.learners),
         attempt=attempt,
-        api_url=settings.api_url,
+        api_url=settings.learner_api_url,
         job_token=platform.job_tokens.issue(job_id),
         command=manifest.framework.command,
         workdir=str(dirs.code),

@@ -12,7 +12,9 @@ Silence is counted from the later of the last heartbeat and this control plane's
 while the server was down nobody could hear the controllers (they buffer and carry on),
 so after a restart each gets a full heartbeat timeout to get through again. One learner's
 trouble (an exception polling or killing it) is logged as that learner's, and the pass
-goes on with the others.
+goes on with the others; a backend that cannot be reached now (``BackendUnavailable``)
+is no trouble of the learner's: it is skipped and looked at again on the next pass. A
+learner the backend reports gone with a reason (its node was lost) fails with that reason.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ffdl.backends.base import LearnerState
+from ffdl.backends.base import BackendUnavailable, LearnerState
 from ffdl.core.errors import IllegalTransition
 from ffdl.core.status import (
     HOLDING_JOB_STATES,
@@ -89,6 +91,14 @@ def monitor_pass(platform: Platform) -> None:
     for watch in watches:
         try:
             changed |= _check(platform, watch)
+        except BackendUnavailable as exc:
+            log.debug(
+                "learner %d of %s (attempt %d) not checked: %s",
+                watch.index,
+                watch.job_id,
+                watch.attempt,
+                exc,
+            )
         except Exception:
             log.exception(
                 "checking learner %d of %s (attempt %d) failed; next pass tries again",
@@ -157,7 +167,7 @@ def _check(platform: Platform, watch: _Watch) -> bool:
         platform,
         watch,
         LearnerStatus.FAILED,
-        f"controller of learner {watch.index} is gone without a result",
+        polled.reason or f"controller of learner {watch.index} is gone without a result",
         ErrorCode.CONTROLLER_LOST.value,
         None,
     )

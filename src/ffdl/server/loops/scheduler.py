@@ -4,6 +4,9 @@ Starts move QUEUED jobs to PENDING with their placement; preemptions ask victims
 (they are requeued once HALTED); every job left waiting gets its position, reason and ETA.
 A job backing off before an automatic restart (``services/restarts.py``) is left out of the
 snapshot until its ``not_before``: it keeps the reason its restart gave it.
+While the backend has a problem (``Backend.problem``: its cluster is unreachable, say) the
+loop starts and preempts nothing: every queued job keeps its position and shows that
+problem as its reason, and scheduling resumes on the first pass after it clears.
 The snapshot reads plain columns (no ORM objects, no manifests) and the loop only writes
 queue information that changed since it last wrote it, so a pass over thousands of queued
 jobs stays cheap.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,7 +24,7 @@ from sqlalchemy import Table, bindparam, select, update
 
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.scheduler.policy import schedule
-from ffdl.scheduler.snapshot import Decisions, Snapshot, TenantQuota
+from ffdl.scheduler.snapshot import Decisions, Snapshot, TenantQuota, Waiting
 from ffdl.server.platform import Platform
 from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.services.snapshots import queued_job, running_job
@@ -73,14 +77,20 @@ class SchedulerLoop:
         self._written: dict[str, tuple[datetime, QueueInfo]] = {}
 
     def __call__(self) -> None:
-        snapshot, changed_at = self.snapshot()
+        problem = self._platform.backend.problem()
+        snapshot, changed_at = self.snapshot(with_nodes=problem is None)
         if not snapshot.queued:
             self._written.clear()
             return
-        if self.apply(schedule(snapshot), snapshot.now, changed_at):
+        decisions = schedule(snapshot)
+        if problem is not None:
+            decisions = _held_back(decisions, problem)
+        if self.apply(decisions, snapshot.now, changed_at):
             self._platform.wakeups.notify("lcm")
 
-    def snapshot(self) -> tuple[Snapshot, dict[str, datetime]]:
+    def snapshot(self, with_nodes: bool = True) -> tuple[Snapshot, dict[str, datetime]]:
+        """The queue and the cluster now; ``with_nodes`` False: a cluster of no nodes (the
+        backend has a problem, and nothing it says of its nodes can be used)."""
         platform = self._platform
         holding = [s.value for s in HOLDING_JOB_STATES]
         now = time.time()
@@ -96,7 +106,7 @@ class SchedulerLoop:
             tenants = session.scalars(select(Tenant)).all()
         snapshot = Snapshot(
             now=now,
-            nodes=tuple(effective_nodes(platform)),
+            nodes=tuple(effective_nodes(platform)) if with_nodes else (),
             queued=tuple(queued_job(row) for row in queued),
             running=tuple(running_job(row) for row in running),
             quotas={
@@ -180,6 +190,20 @@ class SchedulerLoop:
             )
         self._written = live
         return updates
+
+
+def _held_back(decisions: Decisions, problem: str) -> Decisions:
+    """Nothing starts or is preempted; every waiting job says why: the backend's problem."""
+    return Decisions(
+        waiting=tuple(
+            replace(w, reason=problem, eta_s=None, eta_reason=problem) for w in decisions.waiting
+        )
+        + tuple(
+            # Jobs the policy would have started wait too, after the others, in order.
+            Waiting(start.job_id, len(decisions.waiting) + i, problem, None, problem)
+            for i, start in enumerate(decisions.starts, start=1)
+        )
+    )
 
 
 def _same(a: QueueInfo, b: QueueInfo) -> bool:

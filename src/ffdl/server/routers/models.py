@@ -14,14 +14,14 @@ from fastapi import APIRouter, File, Header, Query, Response, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from ffdl.core.archive import zip_directory
 from ffdl.core.errors import BadRequest, NotFound, PayloadTooLarge
+from ffdl.core.jobdirs import JobDirs
 from ffdl.core.limits import MAX_COUNT, MAX_INT64, bounded_int
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
 from ffdl.server.routers.ffdl_params import FFDL_QUERY
 from ffdl.server.routers.responses import AUTHENTICATED, download, errors, header
 from ffdl.server.services import control
-from ffdl.server.services.archive import zip_directory
-from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.queries import list_jobs, load_job, model_detail, model_summary
 from ffdl.server.services.submit import submit_job
 

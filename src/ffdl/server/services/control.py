@@ -15,11 +15,11 @@ from sqlalchemy import delete as sql_delete
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import BadRequest, ConflictError
+from ffdl.core.jobdirs import JobDirs
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus, Via, is_terminal
 from ffdl.server.auth import Principal
 from ffdl.server.platform import Platform
 from ffdl.server.services import audit
-from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.queries import load_job
 from ffdl.server.services.restarts import reset_for_resume
 from ffdl.server.store.models import Job

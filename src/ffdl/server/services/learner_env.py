@@ -19,11 +19,11 @@ import site
 import sys
 from pathlib import Path
 
+from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import Manifest
 from ffdl.learner.runtime import PLATFORM, PYTHON, RuntimeSpec
 from ffdl.learner.sandbox import SYSTEM_PATHS, SandboxSpec
 from ffdl.server.platform import Platform
-from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.runtimes import effective_runtimes, resolve, runtime_digest
 from ffdl.server.store.models import Job
 

@@ -2,6 +2,7 @@
 
 Draining a node (for maintenance) stops new work landing on it; the autoscaler then moves
 or shrinks the jobs still there instead of killing them. Undrain returns it to service.
+A backend that cannot be reached now offers no nodes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from ffdl.backends.base import BackendUnavailable
 from ffdl.core.errors import BadRequest, NotFound
 from ffdl.core.resources import Node
 from ffdl.server.auth import Principal
@@ -23,12 +25,20 @@ from ffdl.server.store.transitions import utcnow
 MAX_DRAIN_REASON = 200
 
 
+def backend_nodes(platform: Platform) -> list[Node]:
+    """The backend's nodes; none while it cannot be reached."""
+    try:
+        return platform.backend.nodes()
+    except BackendUnavailable:
+        return []
+
+
 def effective_nodes(platform: Platform) -> list[Node]:
     with platform.store.read() as session:
         drained = set(session.scalars(select(NodeState.name).where(NodeState.drained)))
     return [
         replace(node, schedulable=False) if node.name in drained else node
-        for node in platform.backend.nodes()
+        for node in backend_nodes(platform)
     ]
 
 
@@ -41,7 +51,7 @@ def set_drained(
             f"reason must be at most {MAX_DRAIN_REASON} characters, got {len(reason)}",
             detail={"field": "reason"},
         )
-    if name not in {node.name for node in platform.backend.nodes()}:
+    if name not in {node.name for node in backend_nodes(platform)}:
         raise NotFound(f"no node {name!r}")
     with platform.store.write() as session:
         state = session.get(NodeState, name)

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import ffdl
+from ffdl.core.jobdirs import JobDirs
 from ffdl.core.status import JobStatus, is_terminal
 from ffdl.learner.sandbox import NETNS_PREFIX, NETWORK_HOST, NETWORK_NONE, SandboxSpec
 from ffdl.server.platform import Platform
-from ffdl.server.services.jobdirs import JobDirs
 from ffdl.server.services.learner_env import hidden_platform_packages, place_learner
 from ffdl.server.store.models import Job
 

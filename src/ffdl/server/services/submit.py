@@ -27,19 +27,20 @@ from dataclasses import dataclass
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 
+from ffdl.core.archive import validate_archive
 from ffdl.core.errors import (
     BadRequest,
     ConflictError,
     PayloadTooLarge,
     UnschedulableError,
 )
+from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import Manifest, parse_manifest
 from ffdl.core.status import JobStatus
 from ffdl.scheduler.policy import never_fits
 from ffdl.server.auth import Principal
 from ffdl.server.platform import Platform
-from ffdl.server.services.archive import validate_archive
-from ffdl.server.services.jobdirs import JobDirs
+from ffdl.server.services.nodes import backend_nodes
 from ffdl.server.services.runtimes import Resolution, effective_runtimes, resolve
 from ffdl.server.services.snapshots import queued_job_from_manifest
 from ffdl.server.services.stores import check_object_stores, check_store_paths
@@ -117,10 +118,14 @@ def submit_job(
     check_store_paths(settings, manifest)
     runtime = _runtime(platform, manifest)
     job_id = new_job_id()
-    reason = never_fits(
-        queued_job_from_manifest(job_id, principal.tenant_id, manifest, 0.0),
-        platform.backend.nodes(),
-    )
+    # While the backend cannot say what nodes it has (a Ray cluster that is down), the job
+    # is accepted and waits in the queue with the backend's reason.
+    reason = None
+    if platform.backend.problem() is None:
+        reason = never_fits(
+            queued_job_from_manifest(job_id, principal.tenant_id, manifest, 0.0),
+            backend_nodes(platform),
+        )
     if reason is not None:
         raise UnschedulableError(f"job can never be scheduled on this cluster: {reason}")
     validate_archive(

@@ -1,8 +1,10 @@
-"""Model definition archives: validated at submit, unpacked safely at deploy.
+"""Zip archives the platform takes in or hands out, and what makes one safe.
 
-A zip is refused when it is not a zip, holds absolute or parent-escaping paths or links,
-or exceeds the configured entry count or unpacked size. Results are zipped for download
-without following links (``zip_directory``).
+Model definitions are validated at submit and unpacked at deploy (on the control plane,
+or on a Ray node); a learner's results upload is checked and unpacked the same way. A zip
+is refused when it is not a zip, holds absolute or parent-escaping paths or links, or
+exceeds the configured entry count or unpacked size (``check_members``). Results are zipped
+for download without following links (``zip_directory``).
 """
 
 from __future__ import annotations
@@ -33,25 +35,36 @@ def validate_archive(data: bytes, *, max_files: int, max_unpacked_bytes: int) ->
     except zipfile.BadZipFile as exc:
         raise ArchiveError(f"model_definition is not a valid zip archive: {exc}") from exc
     with archive:
-        infos = archive.infolist()
-        if len(infos) > max_files:
-            raise ArchiveError(
-                f"model_definition has {len(infos)} entries; the limit is {max_files}"
-            )
-        total = 0
-        for info in infos:
-            _check_member_name(info.filename)
-            mode = info.external_attr >> 16
-            if stat.S_ISLNK(mode):
-                raise ArchiveError(f"model_definition holds a symbolic link: {info.filename}")
-            total += info.file_size
-        if total > max_unpacked_bytes:
-            raise ArchiveError(
-                f"model_definition unpacks to {total} bytes; the limit is {max_unpacked_bytes}"
-            )
+        infos = check_members(
+            archive,
+            what="model_definition",
+            max_files=max_files,
+            max_unpacked_bytes=max_unpacked_bytes,
+        )
         for info in infos:
             _verify_member(archive, info)
         return sum(1 for i in infos if not i.is_dir())
+
+
+def check_members(
+    archive: zipfile.ZipFile, *, what: str, max_files: int, max_unpacked_bytes: int
+) -> list[zipfile.ZipInfo]:
+    """The entries of ``archive`` once checked: at most ``max_files``, no unsafe name, no
+    symbolic link, at most ``max_unpacked_bytes`` declared in all. ``ArchiveError`` (400)
+    names the first offending entry as ``what`` (the archive, for the user)."""
+    infos = archive.infolist()
+    if len(infos) > max_files:
+        raise ArchiveError(f"{what} has {len(infos)} entries; the limit is {max_files}")
+    total = 0
+    for info in infos:
+        _check_member_name(info.filename, what)
+        mode = info.external_attr >> 16
+        if stat.S_ISLNK(mode):
+            raise ArchiveError(f"{what} holds a symbolic link: {info.filename}")
+        total += info.file_size
+    if total > max_unpacked_bytes:
+        raise ArchiveError(f"{what} unpacks to {total} bytes; the limit is {max_unpacked_bytes}")
+    return infos
 
 
 def _verify_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
@@ -82,10 +95,10 @@ def _verify_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
         )
 
 
-def _check_member_name(name: str) -> None:
+def _check_member_name(name: str, what: str = "model_definition") -> None:
     path = PurePosixPath(name.replace("\\", "/"))
-    if path.is_absolute() or ".." in path.parts or name.startswith("/"):
-        raise ArchiveError(f"model_definition holds an unsafe path: {name!r}")
+    if path.is_absolute() or ".." in path.parts or name.startswith("/") or "\x00" in name:
+        raise ArchiveError(f"{what} holds an unsafe path: {name!r}")
 
 
 def unpack_archive(archive_path: Path, target: Path) -> None:
@@ -97,21 +110,34 @@ def unpack_archive(archive_path: Path, target: Path) -> None:
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     with zipfile.ZipFile(archive_path) as archive:
-        for info in archive.infolist():
-            _check_member_name(info.filename)
-            dest = (staging / info.filename).resolve()
-            if not dest.is_relative_to(staging.resolve()):
-                raise ArchiveError(f"model_definition holds an unsafe path: {info.filename!r}")
-            if info.is_dir():
-                dest.mkdir(parents=True, exist_ok=True)
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            with archive.open(info) as src, open(dest, "wb") as out:
-                shutil.copyfileobj(src, out)
-            mode = (info.external_attr >> 16) & 0o777
-            if mode:
-                dest.chmod(mode | 0o600)
+        extract_members(archive, archive.infolist(), staging, "model_definition")
     staging.rename(target)
+
+
+def extract_members(
+    archive: zipfile.ZipFile, infos: list[zipfile.ZipInfo], target: Path, what: str
+) -> tuple[int, int]:
+    """Write ``infos`` under the directory ``target`` (regular files and directories only,
+    never a link); return (files, bytes) written. ``ArchiveError`` for an unsafe name."""
+    root = target.resolve()
+    files = size = 0
+    for info in infos:
+        _check_member_name(info.filename, what)
+        dest = (root / info.filename).resolve()
+        if not dest.is_relative_to(root):
+            raise ArchiveError(f"{what} holds an unsafe path: {info.filename!r}")
+        if info.is_dir():
+            dest.mkdir(parents=True, exist_ok=True)
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with archive.open(info) as src, open(dest, "wb") as out:
+            shutil.copyfileobj(src, out)
+        mode = (info.external_attr >> 16) & 0o777
+        if mode:
+            dest.chmod(mode | 0o600)
+        files += 1
+        size += info.file_size
+    return files, size
 
 
 def zip_directory(source: Path) -> bytes:

@@ -1,0 +1,385 @@
+"""The Ray backend on a real three-node Ray cluster on 127.0.0.1, with a real platform.
+
+The tests share one cluster and one platform (in this order: the platform starts before
+the cluster, to show it waits for it). Each test leaves every node undrained and no job of
+its own running.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import signal
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.live import (
+    FAST_CONFIG,
+    LiveServer,
+    manifest_yaml,
+    serving,
+    wait_for,
+)
+from tests.ray_backend.cluster import NODES, RayTestCluster
+
+pytestmark = pytest.mark.ray
+
+STEPS = """
+import os, sys, time
+from ffdl.sdk.api import context, load_checkpoint, report, save_checkpoint, should_stop
+
+ctx = context()
+restored = load_checkpoint()
+step, done = (0, []) if restored is None else (restored[1]["step"], restored[1]["done"])
+print(f"learner {ctx.learner_id}/{ctx.num_learners} start={step} "
+      f"gpus={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+while step < TOTAL:
+    step += 1
+    done.append(step)
+    time.sleep(PAUSE)
+    if ctx.learner_id == 1:
+        print(f"step {step}", flush=True)
+        report(step=step, samples=step * 64)
+        save_checkpoint({"step": step, "done": done}, step, keep=2)
+    if should_stop():
+        print(f"halting after step {step}", flush=True)
+        sys.exit(0)
+if ctx.learner_id == 1:
+    with open(os.path.join(os.environ["RESULT_DIR"], "model.json"), "w") as out:
+        json_text = '{"steps": %d, "done": %s}' % (step, done)
+        out.write(json_text)
+print(f"learner {ctx.learner_id} finished at {step}", flush=True)
+"""
+
+
+def steps_job(total: int, pause: float = 0.05, **fields: Any) -> tuple[str, dict[str, str]]:
+    code = STEPS.replace("TOTAL", str(total)).replace("PAUSE", str(pause))
+    return manifest_yaml("python steps.py", **fields), {"steps.py": code}
+
+
+@pytest.fixture(scope="module")
+def platform(
+    tmp_path_factory: pytest.TempPathFactory, ray_port: int, ray_root: Path
+) -> Iterator[LiveServer]:
+    config = {key: value for key, value in FAST_CONFIG.items() if key != "nodes"}
+    config.update(
+        backend="ray",
+        ray_address=f"127.0.0.1:{ray_port}",
+        ray_work_root=str(ray_root / "default-work-root"),
+        checkpoint_store=f"file://{ray_root / 'checkpoint-store'}",
+        checkpoint_sync_s=0.5,
+        heartbeat_timeout_s=10.0,
+        autoscaler_interval_s=0.5,
+        min_rescale_interval_s=3600,
+    )
+    # The shared checkpoint store (a mount every node has, in production).
+    (ray_root / "checkpoint-store").mkdir()
+    home = tmp_path_factory.mktemp("platform") / "home"
+    with serving(LiveServer(home=home, config=config)) as live:
+        yield live
+
+
+def _status(model: dict[str, Any]) -> str:
+    return str(model["training"]["training_status"]["status"])
+
+
+def _nodes(server: LiveServer) -> dict[str, dict[str, Any]]:
+    return {n["name"]: n for n in server.client.get("/v1/nodes").json()["nodes"]}
+
+
+def _drain(server: LiveServer, name: str, drained: bool) -> None:
+    verb = "drain" if drained else "undrain"
+    response = server.client.post(f"/v1/nodes/{name}/{verb}", json={"reason": "test"})
+    assert response.status_code in (200, 202), response.text
+
+
+def _lines(server: LiveServer, job_id: str) -> list[str]:
+    return [str(item["line"]) for item in server.loglines(job_id)]
+
+
+def _steps(lines: list[str]) -> list[int]:
+    return [int(m.group(1)) for line in lines if (m := re.fullmatch(r"step (\d+)", line))]
+
+
+def _learner_nodes(model: dict[str, Any]) -> list[str]:
+    return [str(lr["node"]) for lr in model["learners"]]
+
+
+def _trained_model(server: LiveServer, job_id: str) -> dict[str, Any]:
+    response = server.client.get(f"/v1/models/{job_id}/trained_model")
+    assert response.status_code == 200, response.text
+    with zipfile.ZipFile(io.BytesIO(response.content)) as archive:
+        name = next(n for n in archive.namelist() if n.endswith("model.json"))
+        result: dict[str, Any] = json.loads(archive.read(name))
+    return result
+
+
+# -- the cluster is down at first -----------------------------------------------------------
+
+
+def test_jobs_wait_for_an_unreachable_cluster_and_run_once_it_is_up(
+    platform: LiveServer, request: pytest.FixtureRequest, ray_port: int
+) -> None:
+    assert platform.client.get("/v1/models").status_code == 200, "the API serves meanwhile"
+    manifest, files = steps_job(5)
+    job_id = platform.submit_ok(manifest, files)
+    wanted = f"Ray cluster unreachable at 127.0.0.1:{ray_port}"
+
+    def queued_with_reason() -> bool:
+        model = platform.model(job_id)
+        return _status(model) == "QUEUED" and (model.get("queue") or {}).get("reason") == wanted
+
+    wait_for(queued_with_reason, timeout=20, what="the unreachable reason")
+    assert _nodes(platform) == {}
+
+    cluster: RayTestCluster = request.getfixturevalue("ray_cluster")
+    model = platform.wait_status(job_id, {"COMPLETED"}, timeout=120)
+    nodes = _nodes(platform)
+    assert set(nodes) == set(NODES)
+    for node in nodes.values():
+        assert node["labels"]["address"] == "127.0.0.1", node
+        assert node["gpus"] == 4
+    assert {n["labels"]["rack"] for n in nodes.values()} == {"r1", "r2"}
+    assert _learner_nodes(model)[0] in NODES
+    assert cluster.address.endswith(str(ray_port))
+
+
+# -- a job on the cluster -------------------------------------------------------------------
+
+
+def test_a_job_runs_where_ffdl_placed_it_with_logs_metrics_and_model(
+    platform: LiveServer, ray_cluster: RayTestCluster
+) -> None:
+    manifest, files = steps_job(12, learners=2, gpus=2)
+    job_id = platform.submit_ok(manifest, files)
+    model = platform.wait_status(job_id, {"COMPLETED"}, timeout=120)
+
+    lines = _lines(platform, job_id)
+    assert _steps(lines) == list(range(1, 13))
+    records = platform.client.get(f"/v1/logs/{job_id}/emetrics", params={"pagesize": 100})
+    iterations = [int(r["etimes"]["iteration"]["value"]) for r in records.json()["models"]]
+    assert iterations == list(range(1, 13))
+    assert _trained_model(platform, job_id)["steps"] == 12
+
+    # Each learner ran on the node ffdl placed it on: its state is in that node's work
+    # root only, and its GPUs are the ones ffdl accounted to it.
+    for learner in model["learners"]:
+        index, node = learner["learner"], learner["node"]
+        for name in NODES:
+            state = ray_cluster.work_root(name) / "jobs" / job_id / "learners" / str(index)
+            assert state.exists() == (name == node), (name, node)
+        started = next(line for line in lines if line.startswith(f"learner {index}/2 start="))
+        devices = ",".join(str(g) for g in learner["gpu_ids"])
+        assert started.endswith(f"gpus={devices}"), (started, learner)
+
+
+def test_the_talk_gang_scenario_runs_two_whole_gangs_on_two_nodes(
+    platform: LiveServer, ray_cluster: RayTestCluster
+) -> None:
+    _drain(platform, "c", True)
+    try:
+        manifest, files = steps_job(80, learners=4, gpus=1)
+        ids = [platform.submit_ok(manifest, files) for _ in range(4)]
+
+        def two_running() -> list[dict[str, Any]] | None:
+            models = [platform.model(i) for i in ids]
+            running = [m for m in models if _status(m) == "PROCESSING"]
+            return models if len(running) == 2 else None
+
+        models = wait_for(two_running, timeout=90, interval=0.1, what="two gangs running")
+        for model in models:
+            if _status(model) == "PROCESSING":
+                assert len(model["learners"]) == 4
+                assert set(_learner_nodes(model)) <= {"a", "b"}
+            else:
+                assert _status(model) == "QUEUED"
+                assert not model["learners"], "partial placement"
+        for job_id in ids:
+            platform.wait_status(job_id, {"COMPLETED"}, timeout=180)
+    finally:
+        _drain(platform, "c", False)
+
+
+DDP = """
+import json, os
+import numpy as np
+import torch
+import torch.distributed as dist
+from sklearn.datasets import load_digits
+
+torch.manual_seed(0)
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+digits = load_digits()
+x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
+y = torch.tensor(digits.target)
+train_x, train_y, test_x, test_y = x[:1400], y[:1400], x[1400:], y[1400:]
+shard = slice(rank * 700, (rank + 1) * 700)
+model = torch.nn.Linear(64, 10)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+for epoch in range(30):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(train_x[shard]), train_y[shard])
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world
+    optimizer.step()
+accuracy = (model(test_x).argmax(1) == test_y).float().mean().item()
+print(f"rank {rank} accuracy {accuracy:.6f} master {os.environ['MASTER_ADDR']}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_two_learner_gloo_job_across_two_nodes_trains_as_on_one(
+    platform: LiveServer, ray_cluster: RayTestCluster
+) -> None:
+    accuracy: dict[str, str] = {}
+    for policy in ("spread", "pack"):
+        manifest = manifest_yaml(
+            "python ddp.py", learners=2, gpus=1, memory="1GiB", placement={"policy": policy}
+        )
+        job_id = platform.submit_ok(manifest, {"ddp.py": DDP})
+        model = platform.wait_status(job_id, {"COMPLETED"}, timeout=180)
+        nodes = _learner_nodes(model)
+        assert len(set(nodes)) == (2 if policy == "spread" else 1), nodes
+        found = [
+            m.group(1)
+            for line in _lines(platform, job_id)
+            if (m := re.match(r"rank \d accuracy (\S+) master 127\.0\.0\.1", line))
+        ]
+        assert len(found) == 2 and found[0] == found[1], found
+        accuracy[policy] = found[0]
+    assert accuracy["spread"] == accuracy["pack"]
+    assert float(accuracy["spread"]) > 0.85
+
+
+# -- halt, resume, rescale ------------------------------------------------------------------
+
+
+def test_halt_and_resume_on_another_node_runs_every_step_once(
+    platform: LiveServer, ray_cluster: RayTestCluster
+) -> None:
+    manifest, files = steps_job(40, pause=0.1)
+    job_id = platform.submit_ok(manifest, files)
+    platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
+    wait_for(lambda: 5 in _steps(_lines(platform, job_id)), timeout=60, what="step 5")
+    first_node = _learner_nodes(platform.model(job_id))[0]
+
+    assert platform.client.patch(f"/v1/models/{job_id}", json={"status": "halt"}).status_code == 202
+    platform.wait_status(job_id, {"HALTED"}, timeout=60)
+    assert all(n["used"]["gpus"] == 0 for n in _nodes(platform).values())
+    _drain(platform, first_node, True)
+    try:
+        resumed = platform.client.patch(f"/v1/models/{job_id}", json={"status": "resume"})
+        assert resumed.status_code == 202, resumed.text
+        model = platform.wait_status(job_id, {"COMPLETED"}, timeout=120)
+    finally:
+        _drain(platform, first_node, False)
+    nodes = {
+        lr["node"]
+        for lr in model["learners"]
+        if lr["attempt"] == max(x["attempt"] for x in model["learners"])
+    }
+    assert first_node not in nodes, "the resume ran on another node"
+    lines = _lines(platform, job_id)
+    assert _steps(lines) == list(range(1, 41)), "every step exactly once"
+    assert _trained_model(platform, job_id)["done"] == list(range(1, 41))
+
+
+def test_an_elastic_rescale_continues_the_step_counter(
+    platform: LiveServer, ray_cluster: RayTestCluster
+) -> None:
+    manifest, files = steps_job(
+        150,
+        pause=0.1,
+        elastic={"gpus": {"min": 1, "max": 4}, "batch_size": {"min": 64, "max": 256}},
+    )
+    job_id = platform.submit_ok(manifest, files)
+    platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
+    wait_for(lambda: 3 in _steps(_lines(platform, job_id)), timeout=60, what="step 3")
+    response = platform.client.patch(f"/v1/models/{job_id}", json={"gpus": 3})
+    assert response.status_code == 202, response.text
+
+    def three_learners() -> bool:
+        model = platform.model(job_id)
+        return _status(model) == "PROCESSING" and len(model["learners"]) == 3
+
+    wait_for(three_learners, timeout=90, what="3 learners")
+    model = platform.wait_status(job_id, {"COMPLETED"}, timeout=180)
+    lines = _lines(platform, job_id)
+    starts = [
+        int(m.group(1)) for line in lines if (m := re.match(r"learner 1/\d start=(\d+)", line))
+    ]
+    assert len(starts) == 2 and starts[0] == 0 and starts[1] > 0, starts
+    assert _steps(lines) == list(range(1, 151)), "every step exactly once"
+    assert any(e["to"] == "RESCALING" for e in model["events"])
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+
+def test_a_lost_node_restarts_its_job_from_the_checkpoint_elsewhere(
+    platform: LiveServer, ray_cluster: RayTestCluster
+) -> None:
+    manifest, files = steps_job(60, pause=0.1, max_restarts=2)
+    job_id = platform.submit_ok(manifest, files)
+    platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
+    wait_for(lambda: 10 in _steps(_lines(platform, job_id)), timeout=60, what="step 10")
+    lost = _learner_nodes(platform.model(job_id))[0]
+
+    ray_cluster.remove(lost)
+    try:
+        wait_for(lambda: lost not in _nodes(platform), timeout=30, what="capacity to shrink")
+        model = platform.wait_status(job_id, {"COMPLETED"}, timeout=180)
+        reasons = [str(e["reason"]) for e in model["events"]]
+        assert any(f"node {lost} lost" in r for r in reasons), reasons
+        last = max(lr["attempt"] for lr in model["learners"])
+        assert all(lr["node"] != lost for lr in model["learners"] if lr["attempt"] == last)
+        assert _trained_model(platform, job_id)["done"] == list(range(1, 61))
+    finally:
+        ray_cluster.add(lost)
+    wait_for(lambda: lost in _nodes(platform), timeout=60, what="the node to come back")
+
+    # The node that came back takes work again.
+    others = [name for name in NODES if name != lost]
+    for name in others:
+        _drain(platform, name, True)
+    try:
+        again, files = steps_job(3)
+        back = platform.submit_ok(again, files)
+        model = platform.wait_status(back, {"COMPLETED"}, timeout=120)
+        assert _learner_nodes(model) == [lost]
+    finally:
+        for name in others:
+            _drain(platform, name, False)
+
+
+NUMBERED = """
+import sys, time
+for i in range(1, TOTAL + 1):
+    print(f"line {i}", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_a_control_plane_killed_and_restarted_reattaches_without_losing_a_line(
+    platform: LiveServer, ray_cluster: RayTestCluster
+) -> None:
+    total = 200
+    job_id = platform.submit_ok(
+        manifest_yaml("python numbered.py"), {"numbered.py": NUMBERED.replace("TOTAL", str(total))}
+    )
+    platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
+    wait_for(lambda: len(_lines(platform, job_id)) >= 20, timeout=60, what="first lines")
+    platform.stop(signal.SIGKILL)
+    platform.start()
+    model = platform.wait_status(job_id, {"COMPLETED"}, timeout=120)
+    assert len({lr["attempt"] for lr in model["learners"]}) == 1, "reattached, not restarted"
+    numbered = [line for line in _lines(platform, job_id) if line.startswith("line ")]
+    assert numbered == [f"line {i}" for i in range(1, total + 1)]
