@@ -259,68 +259,6 @@ def test_a_two_learner_gloo_job_across_two_nodes_trains_as_on_one(
     assert float(accuracy["spread"]) > 0.85
 
 
-# -- halt, resume, rescale ------------------------------------------------------------------
-
-
-def test_halt_and_resume_on_another_node_runs_every_step_once(
-    platform: LiveServer, ray_cluster: RayTestCluster
-) -> None:
-    manifest, files = steps_job(40, pause=0.1)
-    job_id = platform.submit_ok(manifest, files)
-    platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
-    wait_for(lambda: 5 in _steps(_lines(platform, job_id)), timeout=60, what="step 5")
-    first_node = _learner_nodes(platform.model(job_id))[0]
-
-    assert platform.client.patch(f"/v1/models/{job_id}", json={"status": "halt"}).status_code == 202
-    platform.wait_status(job_id, {"HALTED"}, timeout=60)
-    assert all(n["used"]["gpus"] == 0 for n in _nodes(platform).values())
-    _drain(platform, first_node, True)
-    try:
-        resumed = platform.client.patch(f"/v1/models/{job_id}", json={"status": "resume"})
-        assert resumed.status_code == 202, resumed.text
-        model = platform.wait_status(job_id, {"COMPLETED"}, timeout=120)
-    finally:
-        _drain(platform, first_node, False)
-    nodes = {
-        lr["node"]
-        for lr in model["learners"]
-        if lr["attempt"] == max(x["attempt"] for x in model["learners"])
-    }
-    assert first_node not in nodes, "the resume ran on another node"
-    lines = _lines(platform, job_id)
-    assert _steps(lines) == list(range(1, 41)), "every step exactly once"
-    assert _trained_model(platform, job_id)["done"] == list(range(1, 41))
-
-
-def test_an_elastic_rescale_continues_the_step_counter(
-    platform: LiveServer, ray_cluster: RayTestCluster
-) -> None:
-    manifest, files = steps_job(
-        150,
-        pause=0.1,
-        elastic={"gpus": {"min": 1, "max": 4}, "batch_size": {"min": 64, "max": 256}},
-    )
-    job_id = platform.submit_ok(manifest, files)
-    platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
-    wait_for(lambda: 3 in _steps(_lines(platform, job_id)), timeout=60, what="step 3")
-    response = platform.client.patch(f"/v1/models/{job_id}", json={"gpus": 3})
-    assert response.status_code == 202, response.text
-
-    def three_learners() -> bool:
-        model = platform.model(job_id)
-        return _status(model) == "PROCESSING" and len(model["learners"]) == 3
-
-    wait_for(three_learners, timeout=90, what="3 learners")
-    model = platform.wait_status(job_id, {"COMPLETED"}, timeout=180)
-    lines = _lines(platform, job_id)
-    starts = [
-        int(m.group(1)) for line in lines if (m := re.match(r"learner 1/\d start=(\d+)", line))
-    ]
-    assert len(starts) == 2 and starts[0] == 0 and starts[1] > 0, starts
-    assert _steps(lines) == list(range(1, 151)), "every step exactly once"
-    assert any(e["to"] == "RESCALING" for e in model["events"])
-
-
 # -- faults ---------------------------------------------------------------------------------
 
 

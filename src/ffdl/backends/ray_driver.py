@@ -50,6 +50,7 @@ REAPER_INTERVAL_S = 1.0
 MIN_BUNDLE_CPU = 0.01
 ASK_TIMEOUT_S = 10.0
 RAYLET_TIMEOUT_S = 2.0
+GANG_WAIT_S = 5.0
 MEBIBYTE = 1024 * 1024
 
 
@@ -111,12 +112,20 @@ class Driver:
         self._launch_lock = threading.Lock()
         # Placement group -> when it was first seen without a live actor.
         self._empty_since: dict[str, float] = {}
+        # Nodes whose raylet stopped answering while Ray still counts them alive: nothing is
+        # placed there any more (Ray's own health checks take many seconds to agree).
+        self._lost: set[str] = set()
+        self._lost_lock = threading.Lock()
 
     # -- nodes ----------------------------------------------------------------------------
 
     def alive_nodes(self) -> list[dict[str, Any]]:
+        """Ray's alive nodes, less those found lost before Ray noticed (see ``_node_alive``)."""
         nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
-        return [n for n in nodes if n.get("Alive")]
+        alive = [n for n in nodes if n.get("Alive")]
+        with self._lost_lock:
+            self._lost &= {str(n["NodeID"]) for n in alive}
+            return [n for n in alive if str(n["NodeID"]) not in self._lost]
 
     def nodes(self) -> list[dict[str, Any]]:
         """The alive nodes that can take a learner (a head started with no CPU and no GPU,
@@ -128,8 +137,8 @@ class Driver:
         return {node_name(n): str(n["NodeID"]) for n in self.alive_nodes()}
 
     def _node_alive(self, node_id: str) -> bool:
-        """Ray says the node is alive and its raylet answers. A machine that died is
-        noticed by its raylet's silence at once, before Ray's health checks mark it dead."""
+        """Ray counts the node alive and its raylet answers. A machine that died is noticed
+        by its raylet's silence at once, before Ray's health checks mark it dead."""
         node = next((n for n in self.alive_nodes() if str(n["NodeID"]) == node_id), None)
         if node is None:
             return False
@@ -138,6 +147,9 @@ class Driver:
             with socket.create_connection(address, timeout=RAYLET_TIMEOUT_S):
                 return True
         except OSError:
+            log.warning("node %s does not answer: taken as lost", node_name(node))
+            with self._lost_lock:
+                self._lost.add(node_id)
             return False
 
     # -- launch ---------------------------------------------------------------------------
@@ -194,7 +206,8 @@ class Driver:
                 lifetime="detached",
                 bundle_label_selector=[{NODE_ID_LABEL: ids[g["node"]]} for g in gang],
             )
-        if not pg.wait(self.config.launch_timeout_s):
+        # Not long: the platform asks again on its next pass, and its loop must not stall.
+        if not pg.wait(min(GANG_WAIT_S, self.config.launch_timeout_s)):
             raise Unavailable(f"Ray has not reserved the gang {group} yet")
         return pg
 
@@ -253,19 +266,21 @@ class Driver:
         handle = args["handle"]
         node_id = str(handle.get("ray_node_id") or "")
         node = str(handle.get("node") or node_id[:12])
-        host = self._existing_actor(str(handle["ray_actor"]))
-        if host is not None:
-            try:
-                answer: dict[str, Any] = ray.get(host.poll.remote(), timeout=ASK_TIMEOUT_S)
-                return answer
-            except ray.exceptions.GetTimeoutError:
-                if not node_id or self._node_alive(node_id):
-                    return {"state": "running"}
-            except ray.exceptions.RayError:
-                pass
+        lost = {"state": "missing", "reason": f"node {node} lost"}
+        # The node first: a learner is polled because it went silent, and a dead machine's
+        # actors answer nothing (Ray reports them dead only once it has noticed).
         if node_id and not self._node_alive(node_id):
-            return {"state": "missing", "reason": f"node {node} lost"}
-        return {"state": "missing"}
+            return lost
+        host = self._existing_actor(str(handle["ray_actor"]))
+        if host is None:
+            return {"state": "missing"}
+        try:
+            answer: dict[str, Any] = ray.get(host.poll.remote(), timeout=ASK_TIMEOUT_S)
+            return answer
+        except ray.exceptions.GetTimeoutError:
+            return {"state": "running"} if self._node_alive(node_id) else lost
+        except ray.exceptions.RayError:
+            return {"state": "missing"} if self._node_alive(node_id) else lost
 
     # -- reaper -----------------------------------------------------------------------------
 
