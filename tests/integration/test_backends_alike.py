@@ -151,8 +151,13 @@ def _trained_model(server: LiveServer, job_id: str) -> dict[str, Any]:
 
 
 def _steps_once(server: LiveServer, job_id: str, total: int) -> None:
-    assert _steps(_lines(server, job_id)) == list(range(1, total + 1)), "every step once"
-    assert _trained_model(server, job_id)["done"] == list(range(1, total + 1))
+    """Every step ran once (as the model has it), was logged once and reported once."""
+    expected = list(range(1, total + 1))
+    assert _trained_model(server, job_id)["done"] == expected
+    assert _steps(_lines(server, job_id)) == expected, "every step logged once"
+    records = server.client.get(f"/v1/logs/{job_id}/emetrics", params={"pagesize": 5000})
+    iterations = [int(r["etimes"]["iteration"]["value"]) for r in records.json()["models"]]
+    assert iterations == expected, "every step reported once"
 
 
 def test_halt_then_resume_on_another_node_runs_every_step_once(platform: LiveServer) -> None:
@@ -180,7 +185,7 @@ def test_halt_then_resume_on_another_node_runs_every_step_once(platform: LiveSer
 
 
 def test_an_elastic_rescale_continues_the_step_counter(platform: LiveServer) -> None:
-    manifest, files = steps_job(120, elastic=ELASTIC)
+    manifest, files = steps_job(80, elastic=ELASTIC)
     job_id = platform.submit_ok(manifest, files)
     platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
     wait_for(lambda: 3 in _steps(_lines(platform, job_id)), timeout=60, what="step 3")
@@ -196,7 +201,7 @@ def test_an_elastic_rescale_continues_the_step_counter(platform: LiveServer) -> 
     starts = _starts(_lines(platform, job_id))
     assert [n for n, _ in starts] == [1, 3] and starts[1][1] >= 3, starts
     assert any(e["to"] == "RESCALING" and "1→3" in e["reason"] for e in model["events"])
-    _steps_once(platform, job_id, 120)
+    _steps_once(platform, job_id, 80)
 
 
 def test_delete_of_a_running_job_stops_it_and_frees_its_gpus(platform: LiveServer) -> None:
@@ -219,32 +224,52 @@ def test_delete_of_a_running_job_stops_it_and_frees_its_gpus(platform: LiveServe
     platform.wait_status(platform.submit_ok(whole, files), {"COMPLETED"}, timeout=120)
 
 
-def test_drain_moves_a_running_elastic_job_without_failing_it(platform: LiveServer) -> None:
-    manifest, files = steps_job(150, elastic=ELASTIC)
-    job_id = platform.submit_ok(manifest, files)
-    platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
-    wait_for(lambda: 5 in _steps(_lines(platform, job_id)), timeout=60, what="step 5")
-    (busy,) = _current_nodes(platform.model(job_id))
+def test_drain_moves_running_jobs_off_the_node_without_failing_any(platform: LiveServer) -> None:
+    manifest, files = steps_job(80, elastic=ELASTIC)
+    elastic_id = platform.submit_ok(manifest, files)
+    fixed, files = steps_job(80, placement={"policy": "pack"})
+    for name in NODES:  # both on one node: the node to drain
+        if name != "a":
+            _drain(platform, name, True)
+    try:
+        fixed_id = platform.submit_ok(fixed, files)
+        for job_id in (elastic_id, fixed_id):
+            platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
+    finally:
+        for name in NODES:
+            if name != "a":
+                _drain(platform, name, False)
+    for job_id in (elastic_id, fixed_id):
+        wait_for(
+            lambda job_id=job_id: 5 in _steps(_lines(platform, job_id)),
+            timeout=60,
+            what="step 5",
+        )
+        assert _current_nodes(platform.model(job_id)) == {"a"}
 
-    _drain(platform, busy, True)
+    _drain(platform, "a", True)
     try:
 
         def moved() -> bool:
-            model = platform.model(job_id)
-            return _status(model) == "PROCESSING" and busy not in _current_nodes(model)
+            models = [platform.model(job_id) for job_id in (elastic_id, fixed_id)]
+            return all(_status(m) == "PROCESSING" and "a" not in _current_nodes(m) for m in models)
 
-        wait_for(moved, timeout=90, interval=0.2, what=f"the job to leave {busy}")
-        model = platform.wait_status(job_id, {"COMPLETED"}, timeout=180)
+        wait_for(moved, timeout=90, interval=0.2, what="both jobs to leave node a")
+        models = [
+            platform.wait_status(job_id, {"COMPLETED"}, timeout=180)
+            for job_id in (elastic_id, fixed_id)
+        ]
     finally:
-        _drain(platform, busy, False)
-    assert any("drained node" in (e["reason"] or "") for e in model["events"])
-    _steps_once(platform, job_id, 150)
+        _drain(platform, "a", False)
+    for job_id, model in zip((elastic_id, fixed_id), models, strict=True):
+        assert any("drained node" in (e["reason"] or "") for e in model["events"])
+        _steps_once(platform, job_id, 80)
 
 
 def test_preemption_halts_the_low_priority_job_which_resumes_later(
     platform: LiveServer,
 ) -> None:
-    low_manifest, files = steps_job(120, learners=3, gpus=4, priority=10)
+    low_manifest, files = steps_job(60, learners=3, gpus=4, priority=10)
     low = platform.submit_ok(low_manifest, files)
     platform.wait_status(low, {"PROCESSING"}, timeout=60)
     wait_for(lambda: 5 in _steps(_lines(platform, low)), timeout=60, what="low job steps")
@@ -257,4 +282,4 @@ def test_preemption_halts_the_low_priority_job_which_resumes_later(
     assert f"preempted by {urgent}" in reasons, reasons
     starts = _starts(_lines(platform, low))
     assert len(starts) == 2 and starts[1][1] > 0, "resumed from its checkpoint"
-    _steps_once(platform, low, 120)
+    _steps_once(platform, low, 60)

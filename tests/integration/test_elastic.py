@@ -133,41 +133,6 @@ def test_scale_rejects_out_of_range_and_non_elastic(elastic_server: LiveServer) 
     server.client.delete(f"/v1/models/{job_id}")
 
 
-def test_drain_moves_jobs_off_the_node_without_failing_any(elastic_server: LiveServer) -> None:
-    server = elastic_server
-    manifest, files = elastic_job(300)
-    elastic_id = server.submit_ok(manifest, files)
-    # Longer than the elastic one, which is waited for first: it must still run at the drain.
-    _, files = elastic_job(600)
-    fixed_id = server.submit_ok(manifest_yaml("python steps.py"), files)  # not elastic
-    for job_id in (elastic_id, fixed_id):
-        _wait_learners(server, job_id, 1)
-        wait_for(lambda job_id=job_id: _reported_steps(server, job_id) >= 5, what="checkpoints")
-    nodes = {n["name"]: n for n in server.client.get("/v1/nodes").json()["nodes"]}
-    busy = "node-a" if nodes["node-a"]["holders"] else "node-b"
-    other = "node-b" if busy == "node-a" else "node-a"
-
-    drained = server.client.post(f"/v1/nodes/{busy}/drain", json={"reason": "kernel upgrade"})
-    assert drained.status_code == 200, drained.text
-
-    def emptied() -> bool:
-        view = {n["name"]: n for n in server.client.get("/v1/nodes").json()["nodes"]}
-        return not view[busy]["holders"] and len(view[other]["holders"]) == 2
-
-    wait_for(emptied, timeout=90, interval=0.2, what=f"{busy} to be emptied")
-    for job_id in (elastic_id, fixed_id):
-        model = _wait_learners(server, job_id, 1)
-        assert all(lr["node"] == other for lr in model["learners"])
-        assert any("drained node" in (e["reason"] or "") for e in model["events"])
-    for job_id in (elastic_id, fixed_id):
-        server.wait_status(job_id, {"COMPLETED"}, timeout=120)
-        starts = _starts(server, job_id)
-        assert len(starts) == 2 and starts[1][2] > 0, "resumed from its checkpoint"
-    view = {n["name"]: n for n in server.client.get("/v1/nodes").json()["nodes"]}
-    assert view[busy]["schedulable"] is False
-    assert server.client.post(f"/v1/nodes/{busy}/undrain").status_code == 200
-
-
 def test_high_priority_arrival_shrinks_an_elastic_job_instead_of_preempting(
     tmp_path: Path,
 ) -> None:

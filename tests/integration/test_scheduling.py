@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,43 +97,6 @@ def test_talk_gang_scenario_runs_two_whole_gangs_and_queues_two(cluster: LiveSer
     assert used == 8
     for job_id in ids:
         cluster.wait_status(job_id, {"COMPLETED"}, timeout=120)
-
-
-def test_preemption_checkpoints_requeues_and_the_victim_completes(cluster: LiveServer) -> None:
-    low_manifest, files = steps_job(200, learners=2, gpus=4, priority=10)
-    low = cluster.submit_ok(low_manifest, files)
-    cluster.wait_status(low, {"PROCESSING"})
-    wait_for(
-        lambda: any(i["line"].startswith("learner 1 start") for i in cluster.loglines(low)),
-        what="low priority job running",
-    )
-    wait_for(lambda: len(_metrics(cluster, low)) >= 5, what="low job checkpoints")
-
-    urgent_manifest, urgent_files = steps_job(20, learners=2, gpus=4, priority=90)
-    urgent = cluster.submit_ok(urgent_manifest, urgent_files)
-    cluster.wait_status(urgent, {"PROCESSING", "STORING", "COMPLETED"}, timeout=60)
-    victim = cluster.model(low)
-    reasons = [e["reason"] for e in victim["events"] if e["learner"] is None]
-    assert any(r == f"preempted by {urgent}" for r in reasons), reasons
-    path = [e["to"] for e in victim["events"] if e["learner"] is None]
-    assert "HALTED" in path and path[path.index("HALTED") + 1] == "QUEUED"
-
-    cluster.wait_status(urgent, {"COMPLETED"}, timeout=60)
-    cluster.wait_status(low, {"COMPLETED"}, timeout=120)
-    starts = [
-        int(m.group(1))
-        for i in cluster.loglines(low)
-        if (m := re.match(r"learner 1 start=(\d+)", i["line"]))
-    ]
-    assert starts[0] == 0 and starts[1] > 0, "the victim resumed from its checkpoint"
-    steps = [int(r["etimes"]["iteration"]["value"]) for r in _metrics(cluster, low)]
-    assert steps == list(range(1, 201))
-
-
-def _metrics(server: LiveServer, job_id: str) -> list[dict[str, Any]]:
-    response = server.client.get(f"/v1/logs/{job_id}/emetrics", params={"pagesize": 5000})
-    records: list[dict[str, Any]] = response.json()["models"]
-    return records
 
 
 def test_quota_holds_a_tenants_third_job_with_a_reason(cluster: LiveServer) -> None:

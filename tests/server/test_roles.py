@@ -196,6 +196,8 @@ def admin_ops() -> list[Op]:
             (401, 401, 401),
             {"attempt": 1, "items": []},
         ),
+        Op("GET", "/v1/internal/jobs/{job_id}/code", (401, 401, 401)),
+        Op("PUT", "/v1/internal/jobs/{job_id}/learners/{learner}/results", (401, 401, 401)),
     ]
 
 
