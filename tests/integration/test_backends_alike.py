@@ -269,7 +269,7 @@ def test_drain_moves_running_jobs_off_the_node_without_failing_any(platform: Liv
 def test_preemption_halts_the_low_priority_job_which_resumes_later(
     platform: LiveServer,
 ) -> None:
-    low_manifest, files = steps_job(60, learners=3, gpus=4, priority=10)
+    low_manifest, files = steps_job(40, learners=3, gpus=4, priority=10)
     low = platform.submit_ok(low_manifest, files)
     platform.wait_status(low, {"PROCESSING"}, timeout=60)
     wait_for(lambda: 5 in _steps(_lines(platform, low)), timeout=60, what="low job steps")
@@ -282,4 +282,4 @@ def test_preemption_halts_the_low_priority_job_which_resumes_later(
     assert f"preempted by {urgent}" in reasons, reasons
     starts = _starts(_lines(platform, low))
     assert len(starts) == 2 and starts[1][1] > 0, "resumed from its checkpoint"
-    _steps_once(platform, low, 60)
+    _steps_once(platform, low, 40)

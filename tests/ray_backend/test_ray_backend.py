@@ -25,7 +25,14 @@ from tests.integration.live import (
     serving,
     wait_for,
 )
+from tests.integration.test_object_stores import (
+    DATA_BUCKET,
+    RESULTS_BUCKET,
+    TRAIN,
+    ffdl_manifest,
+)
 from tests.ray_backend.cluster import NODES, RayTestCluster
+from tests.s3server import S3Server, s3_server
 
 pytestmark = pytest.mark.ray
 
@@ -63,8 +70,16 @@ def steps_job(total: int, pause: float = 0.05, **fields: Any) -> tuple[str, dict
 
 
 @pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    with s3_server() as server:
+        server.make_bucket(DATA_BUCKET, {"numbers.txt": b"1 2 3 4\n"})
+        server.make_bucket(RESULTS_BUCKET)
+        yield server
+
+
+@pytest.fixture(scope="module")
 def platform(
-    tmp_path_factory: pytest.TempPathFactory, ray_port: int, ray_root: Path
+    tmp_path_factory: pytest.TempPathFactory, ray_port: int, ray_root: Path, s3: S3Server
 ) -> Iterator[LiveServer]:
     config = {key: value for key, value in FAST_CONFIG.items() if key != "nodes"}
     config.update(
@@ -76,6 +91,7 @@ def platform(
         heartbeat_timeout_s=10.0,
         autoscaler_interval_s=0.5,
         min_rescale_interval_s=3600,
+        object_store_endpoints=[s3.endpoint],
     )
     # The shared checkpoint store (a mount every node has, in production).
     (ray_root / "checkpoint-store").mkdir()
@@ -178,12 +194,29 @@ def test_a_job_runs_where_ffdl_placed_it_with_logs_metrics_and_model(
         assert started.endswith(f"gpus={devices}"), (started, learner)
 
 
+def test_an_object_store_job_gets_its_data_on_its_node_and_leaves_results_in_the_bucket(
+    platform: LiveServer, ray_cluster: RayTestCluster, s3: S3Server
+) -> None:
+    job_id = platform.submit_ok(ffdl_manifest(s3.connection()), {"train.py": TRAIN})
+    model = platform.wait_status(job_id, {"COMPLETED"}, timeout=120)
+    (node,) = _learner_nodes(model)
+    lines = _lines(platform, job_id)
+    assert "sum: 10" in lines
+    staged = ray_cluster.work_root(node) / "jobs" / job_id / "data" / "numbers.txt"
+    assert staged.read_bytes() == b"1 2 3 4\n", "staged onto the learner's node"
+    stored = s3.objects(RESULTS_BUCKET, f"{job_id}/")
+    assert stored[f"{job_id}/model/total.txt"] == b"10"
+    assert b"sum: 10" in stored[f"{job_id}/learner-1/training-log.txt"]
+    assert stored[f"{job_id}/_wml_checkpoints/epoch-1.ckpt"] == b"weights"
+    assert f"{job_id}/_submitted_code/model.zip" in stored
+
+
 def test_the_talk_gang_scenario_runs_two_whole_gangs_on_two_nodes(
     platform: LiveServer, ray_cluster: RayTestCluster
 ) -> None:
     _drain(platform, "c", True)
     try:
-        manifest, files = steps_job(80, learners=4, gpus=1)
+        manifest, files = steps_job(30, learners=4, gpus=1)
         ids = [platform.submit_ok(manifest, files) for _ in range(4)]
 
         def two_running() -> list[dict[str, Any]] | None:

@@ -172,14 +172,17 @@ class Driver:
         finally:
             with self._launch_lock:
                 self._launching.discard(group)
-        return {
+        handle = {
             "ray_actor": name,
             "ray_placement_group": group,
             "ray_node_id": info["node_id"],
             "node": info["node"],
-            "gpu_ids": info["gpu_ids"],
             "pid": info["pid"],
         }
+        if info["gpu_ids"]:
+            # The devices Ray assigned (a learner on CPU slots has none to name).
+            handle["gpu_ids"] = info["gpu_ids"]
+        return handle
 
     def _existing_actor(self, name: str) -> Any:
         try:
