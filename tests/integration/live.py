@@ -104,25 +104,17 @@ class LiveServer:
             )
         return self._client
 
+    def argv(self) -> list[str]:
+        """The server's command line."""
+        server = [sys.executable, "-m", "ffdl.server.main"]
+        return [*server, "--home", str(self.home), "--port", str(self.port)]
+
     def start(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "config.yaml").write_text(yaml.safe_dump(self.config))
         env = {k: v for k, v in os.environ.items() if not k.startswith("FFDL_")}
         log = open(self.home / "server.log", "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ffdl.server.main",
-                "--home",
-                str(self.home),
-                "--port",
-                str(self.port),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
 
         def healthy() -> bool:

@@ -8,15 +8,13 @@ and none of its jobs running.
 
 from __future__ import annotations
 
-import io
-import json
 import re
-import zipfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.integration import views
 from tests.integration.live import (
     FAST_CONFIG,
     LiveServer,
@@ -101,33 +99,11 @@ def platform(
         )
     try:
         with serving(LiveServer(home=root / "home", config=config)) as live:
-            wait_for(lambda: set(_nodes(live)) == set(NODES), timeout=60, what="the nodes")
+            wait_for(lambda: set(views.nodes(live)) == set(NODES), timeout=60, what="the nodes")
             yield live
     finally:
         if cluster is not None:
             cluster.shutdown()
-
-
-def _status(model: dict[str, Any]) -> str:
-    return str(model["training"]["training_status"]["status"])
-
-
-def _nodes(server: LiveServer) -> dict[str, dict[str, Any]]:
-    return {n["name"]: n for n in server.client.get("/v1/nodes").json()["nodes"]}
-
-
-def _drain(server: LiveServer, name: str, drained: bool) -> None:
-    verb = "drain" if drained else "undrain"
-    response = server.client.post(f"/v1/nodes/{name}/{verb}", json={"reason": "test"})
-    assert response.status_code == 200, response.text
-
-
-def _lines(server: LiveServer, job_id: str) -> list[str]:
-    return [str(item["line"]) for item in server.loglines(job_id)]
-
-
-def _steps(lines: list[str]) -> list[int]:
-    return [int(m.group(1)) for line in lines if (m := re.fullmatch(r"step (\d+)", line))]
 
 
 def _starts(lines: list[str]) -> list[tuple[int, int]]:
@@ -141,20 +117,11 @@ def _current_nodes(model: dict[str, Any]) -> set[str]:
     return {str(lr["node"]) for lr in model["learners"] if lr["attempt"] == last}
 
 
-def _trained_model(server: LiveServer, job_id: str) -> dict[str, Any]:
-    response = server.client.get(f"/v1/models/{job_id}/trained_model")
-    assert response.status_code == 200, response.text
-    with zipfile.ZipFile(io.BytesIO(response.content)) as archive:
-        name = next(n for n in archive.namelist() if n.endswith("model.json"))
-        result: dict[str, Any] = json.loads(archive.read(name))
-    return result
-
-
 def _steps_once(server: LiveServer, job_id: str, total: int) -> None:
     """Every step ran once (as the model has it), was logged once and reported once."""
     expected = list(range(1, total + 1))
-    assert _trained_model(server, job_id)["done"] == expected
-    assert _steps(_lines(server, job_id)) == expected, "every step logged once"
+    assert views.trained_model(server, job_id)["done"] == expected
+    assert views.steps(views.lines(server, job_id)) == expected, "every step logged once"
     records = server.client.get(f"/v1/logs/{job_id}/emetrics", params={"pagesize": 5000})
     iterations = [int(r["etimes"]["iteration"]["value"]) for r in records.json()["models"]]
     assert iterations == expected, "every step reported once"
@@ -164,22 +131,22 @@ def test_halt_then_resume_on_another_node_runs_every_step_once(platform: LiveSer
     manifest, files = steps_job(40)
     job_id = platform.submit_ok(manifest, files)
     platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
-    wait_for(lambda: 5 in _steps(_lines(platform, job_id)), timeout=60, what="step 5")
+    wait_for(lambda: 5 in views.steps(views.lines(platform, job_id)), timeout=60, what="step 5")
     (first_node,) = _current_nodes(platform.model(job_id))
 
     halted = platform.client.patch(f"/v1/models/{job_id}", json={"status": "halt"})
     assert halted.status_code == 202, halted.text
     platform.wait_status(job_id, {"HALTED"}, timeout=60)
-    assert all(n["used"]["gpus"] == 0 for n in _nodes(platform).values())
-    _drain(platform, first_node, True)
+    assert all(n["used"]["gpus"] == 0 for n in views.nodes(platform).values())
+    views.drain(platform, first_node, True)
     try:
         resumed = platform.client.patch(f"/v1/models/{job_id}", json={"status": "resume"})
         assert resumed.status_code == 202, resumed.text
         model = platform.wait_status(job_id, {"COMPLETED"}, timeout=120)
     finally:
-        _drain(platform, first_node, False)
+        views.drain(platform, first_node, False)
     assert first_node not in _current_nodes(model), "the resume ran on another node"
-    starts = _starts(_lines(platform, job_id))
+    starts = _starts(views.lines(platform, job_id))
     assert len(starts) == 2 and starts[0][1] == 0 and starts[1][1] >= 5, starts
     _steps_once(platform, job_id, 40)
 
@@ -188,17 +155,17 @@ def test_an_elastic_rescale_continues_the_step_counter(platform: LiveServer) -> 
     manifest, files = steps_job(80, elastic=ELASTIC)
     job_id = platform.submit_ok(manifest, files)
     platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
-    wait_for(lambda: 3 in _steps(_lines(platform, job_id)), timeout=60, what="step 3")
+    wait_for(lambda: 3 in views.steps(views.lines(platform, job_id)), timeout=60, what="step 3")
     response = platform.client.patch(f"/v1/models/{job_id}", json={"gpus": 3})
     assert response.status_code == 202, response.text
 
     def three_learners() -> bool:
         model = platform.model(job_id)
-        return _status(model) == "PROCESSING" and len(model["learners"]) == 3
+        return views.status(model) == "PROCESSING" and len(model["learners"]) == 3
 
     wait_for(three_learners, timeout=90, what="3 learners")
     model = platform.wait_status(job_id, {"COMPLETED"}, timeout=180)
-    starts = _starts(_lines(platform, job_id))
+    starts = _starts(views.lines(platform, job_id))
     assert [n for n, _ in starts] == [1, 3] and starts[1][1] >= 3, starts
     assert any(e["to"] == "RESCALING" and "1→3" in e["reason"] for e in model["events"])
     _steps_once(platform, job_id, 80)
@@ -208,7 +175,7 @@ def test_delete_of_a_running_job_stops_it_and_frees_its_gpus(platform: LiveServe
     manifest, files = steps_job(2000, learners=2, gpus=2)
     job_id = platform.submit_ok(manifest, files)
     platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
-    wait_for(lambda: 2 in _steps(_lines(platform, job_id)), timeout=60, what="step 2")
+    wait_for(lambda: 2 in views.steps(views.lines(platform, job_id)), timeout=60, what="step 2")
     assert job_pids(job_id)
 
     response = platform.client.delete(f"/v1/models/{job_id}")
@@ -216,7 +183,7 @@ def test_delete_of_a_running_job_stops_it_and_frees_its_gpus(platform: LiveServe
     assert platform.client.get(f"/v1/models/{job_id}").status_code == 404
     wait_for(lambda: not job_pids(job_id), timeout=20, what="the job's processes to end")
     wait_for(
-        lambda: all(n["used"]["gpus"] == 0 for n in _nodes(platform).values()),
+        lambda: all(n["used"]["gpus"] == 0 for n in views.nodes(platform).values()),
         what="its GPUs to be free",
     )
     # Freed for real: a job that needs every GPU of the cluster starts.
@@ -230,7 +197,7 @@ def test_drain_moves_running_jobs_off_the_node_without_failing_any(platform: Liv
     fixed, files = steps_job(80, placement={"policy": "pack"})
     for name in NODES:  # both on one node: the node to drain
         if name != "a":
-            _drain(platform, name, True)
+            views.drain(platform, name, True)
     try:
         fixed_id = platform.submit_ok(fixed, files)
         for job_id in (elastic_id, fixed_id):
@@ -238,21 +205,23 @@ def test_drain_moves_running_jobs_off_the_node_without_failing_any(platform: Liv
     finally:
         for name in NODES:
             if name != "a":
-                _drain(platform, name, False)
+                views.drain(platform, name, False)
     for job_id in (elastic_id, fixed_id):
         wait_for(
-            lambda job_id=job_id: 5 in _steps(_lines(platform, job_id)),
+            lambda job_id=job_id: 5 in views.steps(views.lines(platform, job_id)),
             timeout=60,
             what="step 5",
         )
         assert _current_nodes(platform.model(job_id)) == {"a"}
 
-    _drain(platform, "a", True)
+    views.drain(platform, "a", True)
     try:
 
         def moved() -> bool:
             models = [platform.model(job_id) for job_id in (elastic_id, fixed_id)]
-            return all(_status(m) == "PROCESSING" and "a" not in _current_nodes(m) for m in models)
+            return all(
+                views.status(m) == "PROCESSING" and "a" not in _current_nodes(m) for m in models
+            )
 
         wait_for(moved, timeout=90, interval=0.2, what="both jobs to leave node a")
         models = [
@@ -260,7 +229,7 @@ def test_drain_moves_running_jobs_off_the_node_without_failing_any(platform: Liv
             for job_id in (elastic_id, fixed_id)
         ]
     finally:
-        _drain(platform, "a", False)
+        views.drain(platform, "a", False)
     for job_id, model in zip((elastic_id, fixed_id), models, strict=True):
         assert any("drained node" in (e["reason"] or "") for e in model["events"])
         _steps_once(platform, job_id, 80)
@@ -272,7 +241,7 @@ def test_preemption_halts_the_low_priority_job_which_resumes_later(
     low_manifest, files = steps_job(40, learners=3, gpus=4, priority=10)
     low = platform.submit_ok(low_manifest, files)
     platform.wait_status(low, {"PROCESSING"}, timeout=60)
-    wait_for(lambda: 5 in _steps(_lines(platform, low)), timeout=60, what="low job steps")
+    wait_for(lambda: 5 in views.steps(views.lines(platform, low)), timeout=60, what="low job steps")
 
     urgent_manifest, urgent_files = steps_job(10, gpus=4, priority=90)
     urgent = platform.submit_ok(urgent_manifest, urgent_files)
@@ -280,6 +249,6 @@ def test_preemption_halts_the_low_priority_job_which_resumes_later(
     victim = platform.wait_status(low, {"COMPLETED"}, timeout=180)
     reasons = [e["reason"] for e in victim["events"] if e["learner"] is None]
     assert f"preempted by {urgent}" in reasons, reasons
-    starts = _starts(_lines(platform, low))
+    starts = _starts(views.lines(platform, low))
     assert len(starts) == 2 and starts[1][1] > 0, "resumed from its checkpoint"
     _steps_once(platform, low, 40)

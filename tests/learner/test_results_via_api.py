@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
-import yaml
 
 from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, serving, wait_for
 
@@ -37,26 +33,10 @@ class NodeServer(LiveServer):
     work_root: Path = field(default_factory=Path)
     checkpoints: Path = field(default_factory=Path)
 
-    def start(self) -> None:
-        self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "config.yaml").write_text(yaml.safe_dump(self.config))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FFDL_")}
+    def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "tests.learner.remote_node", "--home", str(self.home)]
         argv += ["--port", str(self.port), "--work-root", str(self.work_root)]
-        argv += ["--checkpoints", str(self.checkpoints)]
-        with open(self.home / "server.log", "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-        def healthy() -> bool:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited: {self.log_tail()}")
-            try:
-                return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(healthy, timeout=60, what="server health")
+        return [*argv, "--checkpoints", str(self.checkpoints)]
 
 
 @pytest.fixture

@@ -7,17 +7,15 @@ its own running.
 
 from __future__ import annotations
 
-import io
-import json
 import re
 import signal
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.integration import views
 from tests.integration.live import (
     FAST_CONFIG,
     LiveServer,
@@ -100,39 +98,8 @@ def platform(
         yield live
 
 
-def _status(model: dict[str, Any]) -> str:
-    return str(model["training"]["training_status"]["status"])
-
-
-def _nodes(server: LiveServer) -> dict[str, dict[str, Any]]:
-    return {n["name"]: n for n in server.client.get("/v1/nodes").json()["nodes"]}
-
-
-def _drain(server: LiveServer, name: str, drained: bool) -> None:
-    verb = "drain" if drained else "undrain"
-    response = server.client.post(f"/v1/nodes/{name}/{verb}", json={"reason": "test"})
-    assert response.status_code in (200, 202), response.text
-
-
-def _lines(server: LiveServer, job_id: str) -> list[str]:
-    return [str(item["line"]) for item in server.loglines(job_id)]
-
-
-def _steps(lines: list[str]) -> list[int]:
-    return [int(m.group(1)) for line in lines if (m := re.fullmatch(r"step (\d+)", line))]
-
-
 def _learner_nodes(model: dict[str, Any]) -> list[str]:
     return [str(lr["node"]) for lr in model["learners"]]
-
-
-def _trained_model(server: LiveServer, job_id: str) -> dict[str, Any]:
-    response = server.client.get(f"/v1/models/{job_id}/trained_model")
-    assert response.status_code == 200, response.text
-    with zipfile.ZipFile(io.BytesIO(response.content)) as archive:
-        name = next(n for n in archive.namelist() if n.endswith("model.json"))
-        result: dict[str, Any] = json.loads(archive.read(name))
-    return result
 
 
 # -- the cluster is down at first -----------------------------------------------------------
@@ -148,14 +115,16 @@ def test_jobs_wait_for_an_unreachable_cluster_and_run_once_it_is_up(
 
     def queued_with_reason() -> bool:
         model = platform.model(job_id)
-        return _status(model) == "QUEUED" and (model.get("queue") or {}).get("reason") == wanted
+        return (
+            views.status(model) == "QUEUED" and (model.get("queue") or {}).get("reason") == wanted
+        )
 
     wait_for(queued_with_reason, timeout=20, what="the unreachable reason")
-    assert _nodes(platform) == {}
+    assert views.nodes(platform) == {}
 
     cluster: RayTestCluster = request.getfixturevalue("ray_cluster")
     model = platform.wait_status(job_id, {"COMPLETED"}, timeout=120)
-    nodes = _nodes(platform)
+    nodes = views.nodes(platform)
     assert set(nodes) == set(NODES)
     for node in nodes.values():
         assert node["labels"]["address"] == "127.0.0.1", node
@@ -175,12 +144,12 @@ def test_a_job_runs_where_ffdl_placed_it_with_logs_metrics_and_model(
     job_id = platform.submit_ok(manifest, files)
     model = platform.wait_status(job_id, {"COMPLETED"}, timeout=120)
 
-    lines = _lines(platform, job_id)
-    assert _steps(lines) == list(range(1, 13))
+    lines = views.lines(platform, job_id)
+    assert views.steps(lines) == list(range(1, 13))
     records = platform.client.get(f"/v1/logs/{job_id}/emetrics", params={"pagesize": 100})
     iterations = [int(r["etimes"]["iteration"]["value"]) for r in records.json()["models"]]
     assert iterations == list(range(1, 13))
-    assert _trained_model(platform, job_id)["steps"] == 12
+    assert views.trained_model(platform, job_id)["steps"] == 12
 
     # Each learner ran on the node ffdl placed it on: its state is in that node's work
     # root only, and its GPUs are the ones ffdl accounted to it.
@@ -200,7 +169,7 @@ def test_an_object_store_job_gets_its_data_on_its_node_and_leaves_results_in_the
     job_id = platform.submit_ok(ffdl_manifest(s3.connection()), {"train.py": TRAIN})
     model = platform.wait_status(job_id, {"COMPLETED"}, timeout=120)
     (node,) = _learner_nodes(model)
-    lines = _lines(platform, job_id)
+    lines = views.lines(platform, job_id)
     assert "sum: 10" in lines
     staged = ray_cluster.work_root(node) / "jobs" / job_id / "data" / "numbers.txt"
     assert staged.read_bytes() == b"1 2 3 4\n", "staged onto the learner's node"
@@ -214,33 +183,32 @@ def test_an_object_store_job_gets_its_data_on_its_node_and_leaves_results_in_the
 def test_the_talk_gang_scenario_runs_two_whole_gangs_on_two_nodes(
     platform: LiveServer, ray_cluster: RayTestCluster
 ) -> None:
-    _drain(platform, "c", True)
+    views.drain(platform, "c", True)
     try:
         manifest, files = steps_job(30, learners=4, gpus=1)
         ids = [platform.submit_ok(manifest, files) for _ in range(4)]
 
         def two_running() -> list[dict[str, Any]] | None:
             models = [platform.model(i) for i in ids]
-            running = [m for m in models if _status(m) == "PROCESSING"]
+            running = [m for m in models if views.status(m) == "PROCESSING"]
             return models if len(running) == 2 else None
 
         models = wait_for(two_running, timeout=90, interval=0.1, what="two gangs running")
         for model in models:
-            if _status(model) == "PROCESSING":
+            if views.status(model) == "PROCESSING":
                 assert len(model["learners"]) == 4
                 assert set(_learner_nodes(model)) <= {"a", "b"}
             else:
-                assert _status(model) == "QUEUED"
+                assert views.status(model) == "QUEUED"
                 assert not model["learners"], "partial placement"
         for job_id in ids:
             platform.wait_status(job_id, {"COMPLETED"}, timeout=180)
     finally:
-        _drain(platform, "c", False)
+        views.drain(platform, "c", False)
 
 
 DDP = """
 import json, os
-import numpy as np
 import torch
 import torch.distributed as dist
 from sklearn.datasets import load_digits
@@ -283,7 +251,7 @@ def test_a_two_learner_gloo_job_across_two_nodes_trains_as_on_one(
         assert len(set(nodes)) == (2 if policy == "spread" else 1), nodes
         found = [
             m.group(1)
-            for line in _lines(platform, job_id)
+            for line in views.lines(platform, job_id)
             if (m := re.match(r"rank \d accuracy (\S+) master 127\.0\.0\.1", line))
         ]
         assert len(found) == 2 and found[0] == found[1], found
@@ -301,26 +269,26 @@ def test_a_lost_node_restarts_its_job_from_the_checkpoint_elsewhere(
     manifest, files = steps_job(60, pause=0.1, max_restarts=2)
     job_id = platform.submit_ok(manifest, files)
     platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
-    wait_for(lambda: 10 in _steps(_lines(platform, job_id)), timeout=60, what="step 10")
+    wait_for(lambda: 10 in views.steps(views.lines(platform, job_id)), timeout=60, what="step 10")
     lost = _learner_nodes(platform.model(job_id))[0]
 
     ray_cluster.remove(lost)
     try:
-        wait_for(lambda: lost not in _nodes(platform), timeout=30, what="capacity to shrink")
+        wait_for(lambda: lost not in views.nodes(platform), timeout=30, what="capacity to shrink")
         model = platform.wait_status(job_id, {"COMPLETED"}, timeout=180)
         reasons = [str(e["reason"]) for e in model["events"]]
         assert any(f"node {lost} lost" in r for r in reasons), reasons
         last = max(lr["attempt"] for lr in model["learners"])
         assert all(lr["node"] != lost for lr in model["learners"] if lr["attempt"] == last)
-        assert _trained_model(platform, job_id)["done"] == list(range(1, 61))
+        assert views.trained_model(platform, job_id)["done"] == list(range(1, 61))
     finally:
         ray_cluster.add(lost)
-    wait_for(lambda: lost in _nodes(platform), timeout=60, what="the node to come back")
+    wait_for(lambda: lost in views.nodes(platform), timeout=60, what="the node to come back")
 
     # The node that came back takes work again.
     others = [name for name in NODES if name != lost]
     for name in others:
-        _drain(platform, name, True)
+        views.drain(platform, name, True)
     try:
         again, files = steps_job(3)
         back = platform.submit_ok(again, files)
@@ -328,7 +296,7 @@ def test_a_lost_node_restarts_its_job_from_the_checkpoint_elsewhere(
         assert _learner_nodes(model) == [lost]
     finally:
         for name in others:
-            _drain(platform, name, False)
+            views.drain(platform, name, False)
 
 
 NUMBERED = """
@@ -347,10 +315,10 @@ def test_a_control_plane_killed_and_restarted_reattaches_without_losing_a_line(
         manifest_yaml("python numbered.py"), {"numbered.py": NUMBERED.replace("TOTAL", str(total))}
     )
     platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
-    wait_for(lambda: len(_lines(platform, job_id)) >= 20, timeout=60, what="first lines")
+    wait_for(lambda: len(views.lines(platform, job_id)) >= 20, timeout=60, what="first lines")
     platform.stop(signal.SIGKILL)
     platform.start()
     model = platform.wait_status(job_id, {"COMPLETED"}, timeout=120)
     assert len({lr["attempt"] for lr in model["learners"]}) == 1, "reattached, not restarted"
-    numbered = [line for line in _lines(platform, job_id) if line.startswith("line ")]
+    numbered = [line for line in views.lines(platform, job_id) if line.startswith("line ")]
     assert numbered == [f"line {i}" for i in range(1, total + 1)]

@@ -118,6 +118,8 @@ class LearnerHost:
         self._spec: LearnerSpec | None = None
         self._result: dict[str, Any] | None = None
         self._ended = False
+        # The end reached the platform (the controller's last reports went through).
+        self._delivered = False
         self._halt_requested = False
         self._killed = False
         self._polled_at: float | None = None
@@ -333,7 +335,7 @@ class LearnerHost:
         else when the result has been polled (or the platform killed us)."""
         while True:
             with self._lock:
-                delivered = getattr(self, "_delivered", False) or self._killed
+                delivered = self._delivered or self._killed
                 polled = self._polled_at
             if delivered:
                 break
