@@ -20,43 +20,15 @@ from tests.integration.live import (
     LiveServer,
     free_port,
     job_pids,
-    manifest_yaml,
     serving,
     wait_for,
 )
+from tests.integration.steps_job import steps_job
 
 NODES = {"a": "r1", "b": "r1", "c": "r2"}
 
-STEPS = """
-import json, os, sys, time
-from ffdl.sdk.api import context, load_checkpoint, report, save_checkpoint, should_stop
-
-ctx = context()
-restored = load_checkpoint()
-step, done = (0, []) if restored is None else (restored[1]["step"], restored[1]["done"])
-print(f"learner {ctx.learner_id}/{ctx.num_learners} start={step}", flush=True)
-while step < TOTAL:
-    step += 1
-    done.append(step)
-    time.sleep(PAUSE)
-    if ctx.learner_id == 1:
-        print(f"step {step}", flush=True)
-        report(step=step, samples=step * 64)
-        save_checkpoint({"step": step, "done": done}, step, keep=2)
-    if should_stop():
-        sys.exit(0)
-if ctx.learner_id == 1:
-    with open(os.path.join(os.environ["RESULT_DIR"], "model.json"), "w") as out:
-        json.dump({"steps": step, "done": done}, out)
-print(f"learner {ctx.learner_id} finished at {step}", flush=True)
-"""
 
 ELASTIC = {"gpus": {"min": 1, "max": 4}, "batch_size": {"min": 64, "max": 256}}
-
-
-def steps_job(total: int, pause: float = 0.1, **fields: Any) -> tuple[str, dict[str, str]]:
-    code = STEPS.replace("TOTAL", str(total)).replace("PAUSE", str(pause))
-    return manifest_yaml("python steps.py", **fields), {"steps.py": code}
 
 
 def _config() -> dict[str, Any]:

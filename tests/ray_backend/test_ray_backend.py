@@ -23,6 +23,7 @@ from tests.integration.live import (
     serving,
     wait_for,
 )
+from tests.integration.steps_job import steps_job
 from tests.integration.test_object_stores import (
     DATA_BUCKET,
     RESULTS_BUCKET,
@@ -33,38 +34,6 @@ from tests.ray_backend.cluster import NODES, RayTestCluster
 from tests.s3server import S3Server, s3_server
 
 pytestmark = pytest.mark.ray
-
-STEPS = """
-import os, sys, time
-from ffdl.sdk.api import context, load_checkpoint, report, save_checkpoint, should_stop
-
-ctx = context()
-restored = load_checkpoint()
-step, done = (0, []) if restored is None else (restored[1]["step"], restored[1]["done"])
-print(f"learner {ctx.learner_id}/{ctx.num_learners} start={step} "
-      f"gpus={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
-while step < TOTAL:
-    step += 1
-    done.append(step)
-    time.sleep(PAUSE)
-    if ctx.learner_id == 1:
-        print(f"step {step}", flush=True)
-        report(step=step, samples=step * 64)
-        save_checkpoint({"step": step, "done": done}, step, keep=2)
-    if should_stop():
-        print(f"halting after step {step}", flush=True)
-        sys.exit(0)
-if ctx.learner_id == 1:
-    with open(os.path.join(os.environ["RESULT_DIR"], "model.json"), "w") as out:
-        json_text = '{"steps": %d, "done": %s}' % (step, done)
-        out.write(json_text)
-print(f"learner {ctx.learner_id} finished at {step}", flush=True)
-"""
-
-
-def steps_job(total: int, pause: float = 0.05, **fields: Any) -> tuple[str, dict[str, str]]:
-    code = STEPS.replace("TOTAL", str(total)).replace("PAUSE", str(pause))
-    return manifest_yaml("python steps.py", **fields), {"steps.py": code}
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +154,7 @@ def test_the_talk_gang_scenario_runs_two_whole_gangs_on_two_nodes(
 ) -> None:
     views.drain(platform, "c", True)
     try:
-        manifest, files = steps_job(30, learners=4, gpus=1)
+        manifest, files = steps_job(30, pause=0.05, learners=4, gpus=1)
         ids = [platform.submit_ok(manifest, files) for _ in range(4)]
 
         def two_running() -> list[dict[str, Any]] | None:
