@@ -59,7 +59,6 @@ def test_the_ray_backend_gets_its_own_config(tmp_path: Path) -> None:
         checkpoint_store_options={"endpoint": "http://10.0.0.3:9000"},
         checkpoint_sync_s=2.5,
         launch_timeout_s=60.0,
-        sandbox=True,
         learner_path="/opt/bin",
     )
 

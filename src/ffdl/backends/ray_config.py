@@ -37,5 +37,4 @@ class RayConfig:
     checkpoint_store_options: dict[str, str] = field(default_factory=dict)
     checkpoint_sync_s: float = 5.0
     launch_timeout_s: float = 30.0
-    sandbox: bool = True
     learner_path: str = "/usr/local/bin:/usr/bin:/bin"

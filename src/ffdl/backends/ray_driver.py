@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from typing import IO, Any
 
 import ray
@@ -245,7 +246,7 @@ class Driver:
         addresses = {node_name(n): str(n["NodeManagerAddress"]) for n in self.alive_nodes()}
         gang = args["gang"] or [{"node": args["node"]}]
         peers = [addresses.get(g["node"], "") for g in gang]
-        host_config = {**self.config.__dict__}
+        host_config = asdict(self.config)
         return self.host_class.options(**options).remote(host_config, spec, master, peers)
 
     # -- halt, kill, poll -------------------------------------------------------------------

@@ -21,7 +21,6 @@ polls its result, or kills it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import logging
 import os
@@ -45,7 +44,7 @@ from ffdl.core.status import ErrorCode, LearnerStatus
 from ffdl.learner.cgroups import LearnerCgroup
 from ffdl.learner.remote_files import fetch_code
 from ffdl.learner.reporter import Reporter
-from ffdl.learner.sandbox import NETWORK_HOST, remove_netns_if_unused
+from ffdl.learner.sandbox import NETWORK_HOST, die_with_controller, remove_netns_if_unused
 from ffdl.learner.spec import (
     CONTROLLER_LOG,
     LearnerResult,
@@ -64,17 +63,10 @@ log = logging.getLogger("ffdl.ray.host")
 WORK_ROOT_LABEL = "ffdl.work_root"
 CONTROLLER_MODULE = "ffdl.learner.controller"
 CODE_READY = ".code-ready"
-PR_SET_PDEATHSIG = 1
 # A host whose controller could not deliver its end waits this long for the platform.
 UNDELIVERED_LINGER_S = 3600.0
 # After its result was polled, a host stays this long (a second poll may come).
 POLLED_LINGER_S = 30.0
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the thread that started us ends."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _free_port(address: str) -> int:
@@ -290,7 +282,8 @@ class LearnerHost:
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    # SIGKILLed by the kernel when this actor dies, whatever kills it.
+                    preexec_fn=die_with_controller(),
                 )
             proc, halt = self._proc, self._halt_requested
         if halt:

@@ -228,7 +228,6 @@ class Settings(BaseSettings):
                 checkpoint_store_options=dict(self.checkpoint_store_options),
                 checkpoint_sync_s=self.checkpoint_sync_s,
                 launch_timeout_s=self.ray_launch_timeout_s,
-                sandbox=self.sandbox,
                 learner_path=self.learner_path,
             )
         return LocalConfig(
