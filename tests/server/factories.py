@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
-from ffdl.core.status import JobStatus
+from ffdl.core.status import JobStatus, LearnerStatus
 from ffdl.server.store.db import Store
-from ffdl.server.store.models import Job, Tenant, User
-from ffdl.server.store.transitions import utcnow
+from ffdl.server.store.models import Job, Learner, Tenant, User
+from ffdl.server.store.transitions import set_job_status, utcnow
 
 
 def make_store(tmp_path: Path) -> Store:
@@ -41,3 +43,34 @@ def make_job(store: Store, job_id: str = "training-test", **fields: object) -> s
     with store.write() as session:
         session.add(Job(**values))
     return job_id
+
+
+def start_learner(
+    store: Store,
+    job_id: str,
+    *,
+    node: str = "node-a",
+    gpu_ids: list[int] | None = None,
+    handle: dict[str, Any] | None = None,
+    last_heartbeat: datetime | None = None,
+) -> None:
+    """Move a QUEUED job to PROCESSING on attempt 1 with one PROCESSING learner on ``node``."""
+    with store.write() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.attempt = 1
+        set_job_status(session, job, JobStatus.PENDING, f"placed on {node}")
+        set_job_status(session, job, JobStatus.PROCESSING, "training")
+        session.add(
+            Learner(
+                job_id=job_id,
+                index=1,
+                attempt=1,
+                status=LearnerStatus.PROCESSING.value,
+                node=node,
+                gpu_ids=list(gpu_ids or []),
+                handle=handle,
+                updated_at=utcnow(),
+                last_heartbeat=last_heartbeat,
+            )
+        )

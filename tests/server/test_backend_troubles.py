@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from ffdl.core.jobdirs import JobDirs
 from ffdl.core.resources import Node
-from ffdl.core.status import JobStatus, LearnerStatus
+from ffdl.core.status import JobStatus
 from ffdl.server.app import create_app
 from ffdl.server.auth import JobTokens
 from ffdl.server.credentials import CredentialVault
@@ -31,8 +31,8 @@ from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
 from ffdl.server.store.models import DeployStep, Event, Job, Learner, NodeState
-from ffdl.server.store.transitions import set_job_status, utcnow
-from tests.server.factories import make_job, make_store
+from ffdl.server.store.transitions import utcnow
+from tests.server.factories import make_job, make_store, start_learner
 from tests.server.troubled_backend import TroubledBackend
 
 SECRET = b"s" * 32
@@ -125,25 +125,14 @@ def _running_job(
         manifest={**MANIFEST, "max_restarts": max_restarts},
         placement=[{"learner": 1, "node": "node-b", "gpu_ids": [0]}],
     )
-    with platform.store.write() as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        job.attempt = 1
-        set_job_status(session, job, JobStatus.PENDING, "placed on node-b")
-        set_job_status(session, job, JobStatus.PROCESSING, "training")
-        session.add(
-            Learner(
-                job_id=job_id,
-                index=1,
-                attempt=1,
-                status=LearnerStatus.PROCESSING.value,
-                node="node-b",
-                gpu_ids=[0],
-                handle=handle,
-                updated_at=utcnow(),
-                last_heartbeat=utcnow() - timedelta(seconds=300),
-            )
-        )
+    start_learner(
+        platform.store,
+        job_id,
+        node="node-b",
+        gpu_ids=[0],
+        handle=handle,
+        last_heartbeat=utcnow() - timedelta(seconds=300),
+    )
 
 
 def _fake_handle(job_id: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
 from ffdl.server.store.models import Event, Job, Learner
 from ffdl.server.store.transitions import set_job_status, utcnow
-from tests.server.factories import make_job, make_store
+from tests.server.factories import make_job, make_store, start_learner
 
 SECRET = b"s" * 32
 MANIFEST: dict[str, Any] = {"name": "job", "framework": {"name": "custom", "command": "true"}}
@@ -50,23 +50,7 @@ def _platform(tmp_path: Path, store: Store, backend: Backend, **fields: Any) -> 
 def _running_job(store: Store, job_id: str, max_restarts: int, **fields: Any) -> None:
     """A job in PROCESSING on attempt 1 with one PROCESSING learner."""
     make_job(store, job_id, manifest={**MANIFEST, "max_restarts": max_restarts}, **fields)
-    with store.write() as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        job.attempt = 1
-        set_job_status(session, job, JobStatus.PENDING, "placed on node-a")
-        set_job_status(session, job, JobStatus.PROCESSING, "training")
-        session.add(
-            Learner(
-                job_id=job_id,
-                index=1,
-                attempt=1,
-                status=LearnerStatus.PROCESSING.value,
-                node="node-a",
-                gpu_ids=[],
-                updated_at=utcnow(),
-            )
-        )
+    start_learner(store, job_id)
 
 
 def _fail_learner(store: Store, job_id: str, reason: str = "learner 1 exited with code 1") -> None:
