@@ -3,13 +3,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench chaos clean sandbox-tools
+.PHONY: demo test lint typecheck bench chaos chaos-replicas clean sandbox-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet 'torch==2.13.0'
-	$(BIN)/pip install --quiet -e '.[examples,dev,ray]'
+	$(BIN)/pip install --quiet -e '.[examples,dev,ray,postgres]'
 	touch $(STAMP)
 
 # Learners run under bubblewrap; root installs it (and iproute2 for distributed jobs).
@@ -43,6 +43,11 @@ bench: $(STAMP)
 # version runs in `make test` (tests/integration/test_chaos.py).
 chaos: $(STAMP) sandbox-tools
 	$(BIN)/python benchmarks/chaos.py $(CHAOS_ARGS)
+
+# Replicas on PostgreSQL: 200 jobs from 6 clients while loop leaders are SIGKILLed; a short
+# version runs in `make test` (tests/replicas/test_replicas_live.py).
+chaos-replicas: $(STAMP) sandbox-tools
+	$(BIN)/python benchmarks/chaos_replicas.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

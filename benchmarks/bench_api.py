@@ -31,11 +31,12 @@ CONFIG = {
 }
 
 
-def seed(home: Path) -> None:
-    store = Store(f"sqlite:///{home / 'ffdl.db'}")
+def seed_jobs(database_url: str, count: int) -> None:
+    """``count`` finished jobs, and one running job holding the only GPU slot."""
+    store = Store(database_url)
     base = utcnow() - timedelta(days=30)
     rows = []
-    for i in range(SEEDED):
+    for i in range(count):
         at = base + timedelta(seconds=i * 60)
         rows.append(
             Job(
@@ -118,7 +119,7 @@ def main() -> dict[str, float]:
         server.config.update(CONFIG)
         server.start()
         server.stop()
-        seed(server.home)
+        seed_jobs(f"sqlite:///{server.home / 'ffdl.db'}", SEEDED)
         server.start()
         try:
             manifest = manifest_yaml("python train.py", cpus=1, gpus=1).encode()

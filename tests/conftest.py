@@ -1,4 +1,5 @@
-"""Fixtures shared by every test package: a real ffdl server on 127.0.0.1."""
+"""Fixtures shared by every test package: a real ffdl server on 127.0.0.1, and the test
+session's PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import postgres as pg
 from tests.integration.live import LiveServer, serving
 
 
@@ -20,3 +22,11 @@ from tests.integration.live import LiveServer, serving
 def server(tmp_path: Path) -> Iterator[LiveServer]:
     with serving(LiveServer(home=tmp_path / "home")) as live:
         yield live
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[pg.PostgresServer]:
+    """One throwaway PostgreSQL server on 127.0.0.1 for the session (``tests/postgres.py``):
+    ``postgres.create_database()`` gives a fresh database's URL."""
+    yield pg.shared()
+    pg.stop_shared()

@@ -86,6 +86,8 @@ class LiveServer:
     config: dict[str, Any] = field(default_factory=lambda: dict(FAST_CONFIG))
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    # Replicas sharing one home each keep their own log.
+    log_name: str = "server.log"
     _client: httpx.Client | None = None
 
     @property
@@ -113,7 +115,7 @@ class LiveServer:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "config.yaml").write_text(yaml.safe_dump(self.config))
         env = {k: v for k, v in os.environ.items() if not k.startswith("FFDL_")}
-        log = open(self.home / "server.log", "ab")  # noqa: SIM115 - closed in stop()
+        log = open(self.home / self.log_name, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
 
@@ -156,7 +158,7 @@ class LiveServer:
                         remove_netns_if_unused(network[len(NETNS_PREFIX) :])
 
     def log_tail(self, n: int = 40) -> str:
-        path = self.home / "server.log"
+        path = self.home / self.log_name
         return "\n".join(path.read_text().splitlines()[-n:]) if path.exists() else ""
 
     # -- jobs ------------------------------------------------------------------------------

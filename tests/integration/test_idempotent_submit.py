@@ -218,6 +218,10 @@ def test_the_key_index_is_added_to_an_older_database(tmp_path: Path) -> None:
         db.execute("DROP INDEX ux_jobs_user_idempotency")
         db.execute("ALTER TABLE jobs DROP COLUMN idempotency_key")
         db.execute("ALTER TABLE jobs DROP COLUMN idempotency_digest")
+        # What a database from before migrations looked like: no revision, no later tables.
+        db.execute("DROP TABLE alembic_version")
+        db.execute("DROP TABLE leases")
+        db.execute("DROP TABLE replicas")
     with serving(server):
         with contextlib.closing(sqlite3.connect(home / "ffdl.db")) as db:
             indexes = {row[1]: row[2] for row in db.execute("PRAGMA index_list(jobs)")}

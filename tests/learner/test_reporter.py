@@ -5,6 +5,7 @@ halt/cancel/gone answers."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -248,3 +249,31 @@ def test_a_heartbeat_tells_an_idle_reporter_where_the_stream_is(api: RecordingAp
     assert reporter.drain(5.0)
     assert [item["seq"] for item in api.items()] == [8]
     assert api.refusals == []
+
+
+def test_reports_fail_over_to_the_next_replica_and_lose_nothing(
+    api: RecordingApi, tmp_path: Path
+) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    gone_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    told: list[str] = []
+    try:
+        reporter = Reporter(
+            api_url=gone_url,
+            fallback_urls=[api.url],
+            job_token=TOKEN,
+            training_id="job-1",
+            learner=1,
+            attempt=0,
+            report_deadline_s=30.0,
+            diagnostics=told.append,
+        )
+        reporter.start()
+        for index in range(50):
+            reporter.log("stdout", f"line {index}")
+        assert reporter.drain(10.0)
+    finally:
+        closed.close()
+    assert api.log_texts() == [f"line {index}" for index in range(50)]
+    assert any(f"fail over to {api.url}" in message for message in told), told

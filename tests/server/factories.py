@@ -1,4 +1,10 @@
-"""Factory helpers for store tests on a real SQLite file."""
+"""Factory helpers for store tests on a real database: a SQLite file, or a fresh database
+on the test session's PostgreSQL server (``tests.postgres``).
+
+A test runs on both with ``@on_both_databases`` and a ``database`` argument passed on to
+``make_store``. Stores are created through the migrations (``schema.upgrade``), as ffdl
+creates them.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,31 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ffdl.core.status import JobStatus, LearnerStatus
 from ffdl.server.store.db import Store
 from ffdl.server.store.models import Job, Learner, Tenant, User
+from ffdl.server.store.schema import upgrade
 from ffdl.server.store.transitions import set_job_status, utcnow
+from tests import postgres
+
+DATABASES = ("sqlite", "postgresql")
+on_both_databases = pytest.mark.parametrize("database", DATABASES)
 
 
-def make_store(tmp_path: Path) -> Store:
-    store = Store(f"sqlite:///{tmp_path / 'ffdl.db'}")
-    store.create_all()
+def database_url(tmp_path: Path, database: str = "sqlite") -> str:
+    """A new, empty database of kind ``database`` ("sqlite" or "postgresql")."""
+    if database == "sqlite":
+        return f"sqlite:///{tmp_path / 'ffdl.db'}"
+    if database == "postgresql":
+        return postgres.shared().create_database()
+    raise ValueError(f"unknown database kind {database!r}: one of {', '.join(DATABASES)}")
+
+
+def make_store(tmp_path: Path, database: str = "sqlite") -> Store:
+    store = Store(database_url(tmp_path, database))
+    upgrade(store)
     with store.write() as session:
         now = utcnow()
         session.add(Tenant(id="t1", name="Team one", created_at=now))

@@ -10,7 +10,7 @@ import pytest
 from ffdl.sdk.api import report_gradient_stats
 from ffdl.server.loops.autoscaler import gradient_stats
 from ffdl.server.store.models import Metric
-from tests.server.factories import make_job, make_store
+from tests.server.factories import make_job, make_store, on_both_databases
 
 
 def test_sdk_reports_gradient_stats_in_their_own_group(
@@ -25,8 +25,9 @@ def test_sdk_reports_gradient_stats_in_their_own_group(
         report_gradient_stats(0.0, 1.0)
 
 
-def test_autoscaler_averages_the_latest_reports_per_job(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+@on_both_databases
+def test_autoscaler_averages_the_latest_reports_per_job(tmp_path: Path, database: str) -> None:
+    store = make_store(tmp_path, database)
     job = make_job(store, "training-a", elastic=True)
     other = make_job(store, "training-b", elastic=True)
     with store.write() as session:

@@ -1,5 +1,5 @@
 """FfDL's paging of log lines and metrics (``pagesize``, ``pos``, ``since_time``) and its
-record shapes, on a real SQLite store."""
+record shapes, on a real store (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from ffdl.core.errors import BadRequest
 from ffdl.server.services import logs
 from ffdl.server.store.db import Store
 from ffdl.server.store.models import Job, LogLine, Metric
-from tests.server.factories import make_job, make_store
+from tests.server.factories import DATABASES, make_job, make_store
 
 LINES = 25
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    store = make_store(tmp_path_factory.mktemp("paging"))
+@pytest.fixture(scope="module", params=DATABASES)
+def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Store:
+    store = make_store(tmp_path_factory.mktemp("paging"), request.param)
     make_job(store, "training-paged")
     with store.write() as session:
         for i in range(LINES):

@@ -29,7 +29,7 @@ from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
 from ffdl.server.store.models import Event, Job, Learner
 from ffdl.server.store.transitions import set_job_status, utcnow
-from tests.server.factories import make_job, make_store, start_learner
+from tests.server.factories import make_job, make_store, on_both_databases, start_learner
 
 SECRET = b"s" * 32
 MANIFEST: dict[str, Any] = {"name": "job", "framework": {"name": "custom", "command": "true"}}
@@ -77,8 +77,11 @@ def test_back_off_doubles_up_to_its_cap() -> None:
     assert backoff_s(10_000) == BACKOFF_MAX_S
 
 
-def test_a_failure_with_restarts_left_requeues_with_a_back_off(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+@on_both_databases
+def test_a_failure_with_restarts_left_requeues_with_a_back_off(
+    tmp_path: Path, database: str
+) -> None:
+    store = make_store(tmp_path, database)
     _running_job(store, "training-a", max_restarts=2)
     before = utcnow()
     _fail_learner(store, "training-a")
@@ -93,8 +96,9 @@ def test_a_failure_with_restarts_left_requeues_with_a_back_off(tmp_path: Path) -
     assert last.reason == "restart 1 of 2 after learner 1 exited with code 1"
 
 
-def test_no_restarts_left_fails_the_job_with_the_cause(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+@on_both_databases
+def test_no_restarts_left_fails_the_job_with_the_cause(tmp_path: Path, database: str) -> None:
+    store = make_store(tmp_path, database)
     _running_job(store, "training-b", max_restarts=1, restarts=1)
     _fail_learner(store, "training-b", "learner 1 exited with code 1; last lines: boom")
     job = _job(store, "training-b")
@@ -102,8 +106,9 @@ def test_no_restarts_left_fails_the_job_with_the_cause(tmp_path: Path) -> None:
     assert job.reason == "learner 1 exited with code 1; last lines: boom"
 
 
-def test_stopping_jobs_are_never_restarted(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+@on_both_databases
+def test_stopping_jobs_are_never_restarted(tmp_path: Path, database: str) -> None:
+    store = make_store(tmp_path, database)
     _running_job(store, "training-cancel", max_restarts=3, desired="cancel")
     _fail_learner(store, "training-cancel")
     # The cancellation is the lifecycle manager's to finish: it ends CANCELLED, not FAILED.
@@ -120,8 +125,11 @@ def test_stopping_jobs_are_never_restarted(tmp_path: Path) -> None:
     assert job.status == "FAILED" and (job.restarts or 0) == 0
 
 
-def test_only_a_restart_or_a_resume_takes_the_way_back_to_the_queue(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+@on_both_databases
+def test_only_a_restart_or_a_resume_takes_the_way_back_to_the_queue(
+    tmp_path: Path, database: str
+) -> None:
+    store = make_store(tmp_path, database)
     _running_job(store, "training-c", max_restarts=0)
     with pytest.raises(IllegalTransition), store.write() as session:
         job = session.get(Job, "training-c")
@@ -144,8 +152,11 @@ def test_only_a_restart_or_a_resume_takes_the_way_back_to_the_queue(tmp_path: Pa
     assert job.status == "QUEUED" and job.error_code is None and job.finished_at is None
 
 
-def test_the_scheduler_places_no_job_before_its_back_off_ends(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+@on_both_databases
+def test_the_scheduler_places_no_job_before_its_back_off_ends(
+    tmp_path: Path, database: str
+) -> None:
+    store = make_store(tmp_path, database)
     node = Node(name="node-a", gpus=4, cpus=16, memory_mb=32768, gpu_type="cpu")
     platform = _platform(tmp_path, store, FakeBackend([node]))
     loop = SchedulerLoop(platform)
@@ -168,8 +179,9 @@ def test_the_scheduler_places_no_job_before_its_back_off_ends(tmp_path: Path) ->
     assert job.status == "PENDING" and job.attempt == 2 and job.not_before is None
 
 
-def test_attempts_are_read_from_the_events(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+@on_both_databases
+def test_attempts_are_read_from_the_events(tmp_path: Path, database: str) -> None:
+    store = make_store(tmp_path, database)
     _running_job(store, "training-e", max_restarts=1)
     _fail_learner(store, "training-e")
     with store.write() as session:
@@ -202,8 +214,9 @@ def _gone_handle(tmp_path: Path, name: str) -> dict[str, Any]:
     return {"pid": 1 << 22, "state_dir": str(state_dir), "spec": str(state_dir / "spec.json")}
 
 
-def test_silence_counts_from_the_control_planes_start(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+@on_both_databases
+def test_silence_counts_from_the_control_planes_start(tmp_path: Path, database: str) -> None:
+    store = make_store(tmp_path, database)
     _silent_learner(store, "training-f", _gone_handle(tmp_path, "f"), silent_s=300)
     settings = Settings(home=tmp_path / "home")
     just_started = _platform(tmp_path, store, open_backend(settings.backend_config()))
@@ -221,8 +234,9 @@ def test_silence_counts_from_the_control_planes_start(tmp_path: Path) -> None:
     assert job.status == "FAILED" and job.error_code == "S201"
 
 
-def test_one_learners_error_does_not_stop_the_monitor_pass(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+@on_both_databases
+def test_one_learners_error_does_not_stop_the_monitor_pass(tmp_path: Path, database: str) -> None:
+    store = make_store(tmp_path, database)
     # An unusable handle (a pid that is no number) makes the backend raise for that learner.
     broken = {"pid": "not-a-pid", "state_dir": str(tmp_path), "spec": "spec.json"}
     _silent_learner(store, "training-g", broken, silent_s=300)
@@ -240,8 +254,9 @@ def test_one_learners_error_does_not_stop_the_monitor_pass(tmp_path: Path) -> No
     assert job.status == "FAILED" and job.error_code == "S201"
 
 
-def test_a_learner_lost_while_halting_leaves_the_job_halted(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+@on_both_databases
+def test_a_learner_lost_while_halting_leaves_the_job_halted(tmp_path: Path, database: str) -> None:
+    store = make_store(tmp_path, database)
     _running_job(store, "training-halt", max_restarts=2)
     with store.write() as session:
         job = session.get(Job, "training-halt")

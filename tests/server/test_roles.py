@@ -177,6 +177,8 @@ def admin_ops() -> list[Op]:
     return [
         Op("GET", "/v1/nodes", (200, 200, 200)),
         Op("GET", "/v1/queue", (200, 200, 200)),
+        Op("GET", "/v1/replicas", platform_only),
+        Op("GET", "/v1/cluster/pool", platform_only),
         Op("POST", "/v1/nodes/{name}/drain", platform_only, {"reason": "matrix"}),
         Op("POST", "/v1/nodes/{name}/undrain", platform_only),
         Op("GET", "/v1/tenants", (403, 200, 200)),

@@ -23,8 +23,10 @@ from ffdl.server.auth import ADMIN_USER, authenticate, bootstrap, hash_token
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
 from ffdl.server.store.models import ApiToken, User
+from ffdl.server.store.schema import upgrade
 from ffdl.server.store.transitions import utcnow
 from tests.integration.live import LiveServer, serving, wait_for
+from tests.server.factories import database_url, on_both_databases
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +139,15 @@ def _client_token(settings: Settings) -> str:
     return str(json.loads(settings.client_config_path.read_text())["token"])
 
 
+@on_both_databases
 def test_bootstrap_keeps_a_valid_client_token_and_renews_one_about_to_expire(
-    tmp_path: Path,
+    tmp_path: Path, database: str
 ) -> None:
-    settings = Settings(home=tmp_path, token_ttl_days=30)
+    settings = Settings(
+        home=tmp_path, token_ttl_days=30, database_url=database_url(tmp_path, database)
+    )
     store = Store(settings.db_url)
-    store.create_all()
+    upgrade(store)
     try:
         bootstrap(store, settings)
         first = _client_token(settings)
@@ -252,9 +257,9 @@ def test_a_database_of_the_previous_version_is_upgraded_and_its_tokens_still_wor
         assert server.client.delete(f"/v1/tokens/{old['id']}").status_code == 200
         with bearer(server, OLD_MEMBER_TOKEN) as olga:
             assert olga.get("/v1/models").status_code == 401
-    # A second start finds nothing left to add.
+    # A second start finds nothing left to migrate.
     store = Store(f"sqlite:///{home / 'ffdl.db'}")
     try:
-        assert store.create_all() == []
+        assert upgrade(store) == []
     finally:
         store.dispose()

@@ -11,11 +11,12 @@ from ffdl.core.errors import IllegalTransition
 from ffdl.core.status import JobStatus
 from ffdl.server.store.models import Event, Job
 from ffdl.server.store.transitions import set_job_status
-from tests.server.factories import make_job, make_store
+from tests.server.factories import make_job, make_store, on_both_databases
 
 
-def test_each_change_writes_one_event_with_reason(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+@on_both_databases
+def test_each_change_writes_one_event_with_reason(tmp_path: Path, database: str) -> None:
+    store = make_store(tmp_path, database)
     job_id = make_job(store)
     with store.write() as session:
         job = session.get(Job, job_id)
@@ -33,8 +34,9 @@ def test_each_change_writes_one_event_with_reason(tmp_path: Path) -> None:
     ]
 
 
-def test_illegal_change_rolls_back_the_whole_transaction(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+@on_both_databases
+def test_illegal_change_rolls_back_the_whole_transaction(tmp_path: Path, database: str) -> None:
+    store = make_store(tmp_path, database)
     job_id = make_job(store)
     with pytest.raises(IllegalTransition), store.write() as session:
         job = session.get(Job, job_id)

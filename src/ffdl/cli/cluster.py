@@ -92,6 +92,33 @@ def queue_command(ctx: typer.Context) -> None:
     console.print(table)
 
 
+def status_command(ctx: typer.Context) -> None:
+    """Show the control plane: its replicas and which one runs each background loop."""
+    with client_of(ctx) as client:
+        body = client.replicas()
+    this = body.get("this_replica")
+    table = Table(title="Replicas")
+    for column in ("replica", "url", "version", "state", "last seen", "leads"):
+        table.add_column(column)
+    for replica in body.get("replicas") or []:
+        name = replica["id"] + (" (answered)" if replica["id"] == this else "")
+        table.add_row(
+            name,
+            str(replica.get("url", "")),
+            str(replica.get("version", "")),
+            "up" if replica.get("alive") else "gone",
+            str(replica.get("seen_at", "")),
+            ", ".join(replica.get("leads") or []) or "-",
+        )
+    console.print(table)
+    leases = Table(title="Loops")
+    for column in ("loop", "run by", "fencing token"):
+        leases.add_column(column)
+    for lease in body.get("leases") or []:
+        leases.add_row(lease["name"], str(lease.get("holder") or "nobody"), str(lease["token"]))
+    console.print(leases)
+
+
 MaxGpus = Annotated[int | None, typer.Option("--max-gpus", help="GPU quota (-1: no limit).")]
 MaxJobs = Annotated[
     int | None, typer.Option("--max-jobs", help="Running-jobs quota (-1: no limit).")

@@ -26,10 +26,12 @@ from ffdl.cli.cluster import (
     drain_command,
     nodes_command,
     queue_command,
+    status_command,
     tenant_app,
     undrain_command,
 )
 from ffdl.cli.context import CliContext, ClientFactory, client_of, state_of
+from ffdl.cli.db import db_app
 from ffdl.cli.demo import demo_command
 from ffdl.cli.init_template import init_command
 from ffdl.cli.records import emetrics_command, follow_lines, loglines_command, logs_command
@@ -115,6 +117,19 @@ def _model_status(model: dict[str, Any]) -> str:
     return str(status or "UNKNOWN")
 
 
+def _check_workers(value: str | None) -> str | None:
+    """``--workers``: MIN..MAX or N, refused with the reason before anything starts."""
+    from ffdl.server.pool.policy import parse_workers
+
+    if value is None:
+        return None
+    try:
+        parse_workers(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc).removeprefix("workers: ")) from None
+    return value
+
+
 @app.command()
 def up(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
@@ -154,6 +169,17 @@ def up(
             "(default: http://HOST:PORT of this server).",
         ),
     ] = None,
+    workers: Annotated[
+        str | None,
+        typer.Option(
+            "--workers",
+            metavar="MIN..MAX",
+            callback=_check_workers,
+            help="Serve the API from a pool of MIN..MAX worker processes that grows and "
+            "shrinks with the load (N: a fixed pool of N). Default: FFDL_WORKERS, "
+            "config.yaml, or one process. See GET /v1/cluster/pool.",
+        ),
+    ] = None,
 ) -> None:
     """Start the ffdl platform (API server, scheduler, dashboard) in the foreground."""
     # The server stack is heavy; only `up` pays for importing it.
@@ -167,6 +193,7 @@ def up(
         backend=backend,
         ray_address=ray_address,
         advertise_url=advertise_url,
+        workers=workers,
     )
 
 
@@ -381,6 +408,7 @@ app.command("emetrics")(emetrics_command)
 app.command("demo")(demo_command)
 app.command("nodes")(nodes_command)
 app.command("queue")(queue_command)
+app.command("status")(status_command)
 app.command("simulate")(simulate_command)
 app.command("drain")(drain_command)
 app.command("undrain")(undrain_command)
@@ -388,6 +416,7 @@ app.command("audit")(audit_command)
 app.add_typer(tenant_app, name="tenant")
 app.add_typer(token_app, name="token")
 app.add_typer(user_app, name="user")
+app.add_typer(db_app, name="db")
 
 __all__ = ["CliContext", "ClientFactory", "app", "main"]
 

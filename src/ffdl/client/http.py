@@ -314,6 +314,9 @@ class Client:
     def queue(self) -> dict[str, Any]:
         return self._json("GET", "/v1/queue")
 
+    def replicas(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/replicas")
+
     def tenants(self) -> dict[str, Any]:
         return self._json("GET", "/v1/tenants")
 

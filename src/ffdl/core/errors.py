@@ -11,7 +11,9 @@
     ├── Forbidden (403)            the caller may not do this (e.g. not an admin)
     ├── NotFound (404)             unknown id, or another tenant's object
     ├── ConflictError (409)        the request contradicts the object's state
-    │   └── IllegalTransition      the status machine forbids this change
+    │   ├── IllegalTransition      the status machine forbids this change
+    │   ├── StatusChanged          another replica changed the status meanwhile
+    │   └── LeaseLost              a loop's write under a lease this replica lost
     ├── Gone (410)                 a report for a learner attempt that was superseded
     └── PayloadTooLarge (413)      an upload over the configured limits
 
@@ -123,6 +125,24 @@ class IllegalTransition(ConflictError):
         )
         self.current = current
         self.target = target
+
+
+class StatusChanged(ConflictError):
+    """The status read at the start of a transaction was changed by another one since.
+
+    Raised by the status gate's compare-and-set; the whole transaction rolls back, and the
+    caller (a loop's next pass, a client's retry) decides again from the new status.
+    """
+
+    def __init__(self, kind: str, read: str, now: str) -> None:
+        super().__init__(
+            f"{kind} changed from {read} to {now} meanwhile; retry",
+            detail={"read": read, "now": now},
+        )
+
+
+class LeaseLost(ConflictError):
+    """A background loop's write, refused: this replica no longer holds the loop's lease."""
 
 
 class Gone(FfdlError):

@@ -138,6 +138,7 @@ class Controller:
             spool_dir=str(self.state_dir / SPOOL_DIR),
             on_event=self._on_reporter_event,
             diagnostics=logger.warning,
+            fallback_urls=spec.fallback_urls,
         )
         self._lock = threading.Lock()
         self._stop_request: str | None = None

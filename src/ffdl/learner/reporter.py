@@ -27,7 +27,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -96,16 +97,11 @@ class Reporter:
         batch_wait_s: float = 0.2,
         on_event: EventHandler = _ignore_event,
         diagnostics: Callable[[str], None] = _ignore_message,
+        fallback_urls: Sequence[str] = (),
     ) -> None:
-        url = urlsplit(api_url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"unusable api_url {api_url!r}")
-        self._scheme = url.scheme
-        self._host = url.hostname
-        self._port = url.port
-        self._path = (
-            f"{url.path.rstrip('/')}/v1/internal/jobs/{training_id}/learners/{learner}/reports"
-        )
+        reports = f"/v1/internal/jobs/{training_id}/learners/{learner}/reports"
+        self._targets = [_target(url, reports) for url in dict.fromkeys([api_url, *fallback_urls])]
+        self._current = 0
         self._headers = {
             "Authorization": f"Bearer {job_token}",
             "Content-Type": "application/json",
@@ -402,16 +398,33 @@ class Reporter:
         self._on_event(kind, detail)
 
     def _post(self, body: bytes) -> tuple[int, bytes]:
+        """Send one batch to the current address, failing over to the next ones in turn."""
+        failure: _TransientFailure | None = None
+        for _ in self._targets:
+            try:
+                return self._post_to_current(body)
+            except _TransientFailure as exc:
+                failure = exc
+                if len(self._targets) > 1:
+                    self._current = (self._current + 1) % len(self._targets)
+                    self._diagnostics(
+                        f"reports fail over to {self._targets[self._current].name}: {exc}"
+                    )
+        assert failure is not None
+        raise failure
+
+    def _post_to_current(self, body: bytes) -> tuple[int, bytes]:
         # Imported here, on the sender thread: http.client pulls in the email package, which
         # would otherwise delay the controller's start by tens of milliseconds.
         import http.client
 
+        target = self._targets[self._current]
         for _ in range(2):
             reused = self._connection is not None
             connection = self._connection or self._connect()
             self._connection = connection
             try:
-                connection.request("POST", self._path, body=body, headers=self._headers)
+                connection.request("POST", target.path, body=body, headers=self._headers)
                 response = connection.getresponse()
                 payload = response.read()
             except (OSError, http.client.HTTPException) as exc:
@@ -428,16 +441,35 @@ class Reporter:
     def _connect(self) -> http.client.HTTPConnection:
         import http.client
 
-        if self._scheme == "https":
+        target = self._targets[self._current]
+        if target.scheme == "https":
             return http.client.HTTPSConnection(
-                self._host, self._port, timeout=self._request_timeout_s
+                target.host, target.port, timeout=self._request_timeout_s
             )
-        return http.client.HTTPConnection(self._host, self._port, timeout=self._request_timeout_s)
+        return http.client.HTTPConnection(target.host, target.port, timeout=self._request_timeout_s)
 
     def _close_connection(self) -> None:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+@dataclass(frozen=True)
+class _Target:
+    """One control-plane address reports can go to."""
+
+    scheme: str
+    host: str
+    port: int | None
+    path: str
+    name: str
+
+
+def _target(api_url: str, reports: str) -> _Target:
+    url = urlsplit(api_url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(f"unusable api_url {api_url!r}")
+    return _Target(url.scheme, url.hostname, url.port, f"{url.path.rstrip('/')}{reports}", api_url)
 
 
 class _Batch:

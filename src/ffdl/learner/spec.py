@@ -17,7 +17,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,9 @@ class LearnerSpec:
     # While the command runs, learner 1 uploads what changed in CHECKPOINT_DIR to the
     # checkpoint store (results or checkpoint store) this often; None: at the attempt's end.
     checkpoint_sync_s: float | None = None
+    # The other control-plane replicas' addresses: reports fail over to them, in this
+    # order, while ``api_url`` cannot be reached.
+    fallback_urls: list[str] = field(default_factory=list)
 
 
 def learner_log_dir(spec: LearnerSpec) -> str | None:
@@ -352,7 +355,17 @@ def spec_from_dict(document: dict[str, Any]) -> LearnerSpec:
         results_via_api=_flag(document, "results_via_api"),
         checkpoint_store=_object_location(document.get("checkpoint_store"), "checkpoint_store"),
         checkpoint_sync_s=_optional_number(document, "checkpoint_sync_s"),
+        fallback_urls=_urls(document, "fallback_urls"),
     )
+
+
+def _urls(document: dict[str, Any], name: str) -> list[str]:
+    value = document.get(name) or []
+    if not isinstance(value, list) or not all(
+        isinstance(url, str) and url.startswith(("http://", "https://")) for url in value
+    ):
+        raise SpecError(f"spec field {name!r} must be a list of http(s) URLs")
+    return list(value)
 
 
 def _flag(document: dict[str, Any], name: str) -> bool:

@@ -21,6 +21,7 @@ from ffdl.core.errors import FfdlError, error_body
 from ffdl.server.auth import JobTokens, bootstrap, load_or_create_secret
 from ffdl.server.credentials import CredentialVault
 from ffdl.server.home import secure_home
+from ffdl.server.leases import LeaseKeeper, new_replica_id
 from ffdl.server.loops.autoscaler import AutoscalerLoop
 from ffdl.server.loops.lcm import lcm_pass
 from ffdl.server.loops.monitor import monitor_pass
@@ -38,6 +39,7 @@ from ffdl.server.routers import (
     internal,
     logs,
     models,
+    pool,
     stream,
     tokens,
     training_logs,
@@ -61,7 +63,11 @@ def build_platform(settings: Settings, backend: Backend | None = None) -> Platfo
     settings.home.mkdir(parents=True, exist_ok=True)
     settings.jobs_dir.mkdir(parents=True, exist_ok=True)
     store = Store(settings.db_url)
-    store.create_all()
+    from ffdl.server.store.schema import upgrade as upgrade_schema
+
+    applied = upgrade_schema(store)
+    if applied:
+        log.info("database %s: schema migrated to %s", store.address, " -> ".join(applied))
     bootstrap(store, settings)
     secret = load_or_create_secret(settings.home)
     secure_home(settings)
@@ -71,7 +77,29 @@ def build_platform(settings: Settings, backend: Backend | None = None) -> Platfo
         backend=backend or open_backend(settings.backend_config()),
         job_tokens=JobTokens(secret),
         credentials=CredentialVault(secret),
+        keeper=LeaseKeeper(
+            store,
+            replica_id=new_replica_id(),
+            url=settings.learner_api_url,
+            version=ffdl_version(),
+            ttl_s=settings.lease_ttl_s,
+            hang_s=settings.loop_hang_s,
+        ),
     )
+
+
+async def keep_leases(keeper: LeaseKeeper, platform: Platform) -> None:
+    """Renew this replica's leases and take free ones, every third of their length."""
+    while True:
+        await asyncio.sleep(platform.settings.lease_ttl_s / 3)
+        try:
+            taken = await asyncio.to_thread(keeper.tick)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("renewing the loop leases failed")
+            continue
+        platform.wakeups.notify(*taken)
 
 
 def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
@@ -80,6 +108,14 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         platform.wakeups.bind(asyncio.get_running_loop())
+        keeper = platform.keeper
+        if keeper is not None:
+            # Take the leases that are free before the loops start, so that a lone
+            # replica runs its loops from its first turn.
+            try:
+                await asyncio.to_thread(keeper.tick)
+            except Exception:
+                log.exception("taking the loop leases failed; retrying on the next turn")
         loops: list[tuple[str, Callable[[], object], float, float]] = [
             ("scheduler", SchedulerLoop(platform), settings.scheduler_interval_s, 0.2),
             ("lcm", lambda: lcm_pass(platform), settings.lcm_interval_s, 0.0),
@@ -88,11 +124,13 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         ]
         tasks = [
             asyncio.create_task(
-                run_forever(name, step, interval, platform.wakeups, min_gap), name=name
+                run_forever(name, step, interval, platform.wakeups, min_gap, keeper), name=name
             )
             for name, step, interval, min_gap in loops
         ]
-        tasks.append(asyncio.create_task(WebhookLoop(platform).run(), name="webhooks"))
+        tasks.append(asyncio.create_task(WebhookLoop(platform).run(keeper), name="webhooks"))
+        if keeper is not None:
+            tasks.append(asyncio.create_task(keep_leases(keeper, platform), name="leases"))
         try:
             yield
         finally:
@@ -101,6 +139,13 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if keeper is not None:
+                try:
+                    # Handed back at once: another replica takes the loops over without
+                    # waiting for the leases to expire (a rolling restart).
+                    await asyncio.to_thread(keeper.release)
+                except Exception:
+                    log.exception("giving back the loop leases failed")
             platform.close()
 
     app = FfdlApp(
@@ -119,6 +164,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         training_logs,
         logs,
         cluster,
+        pool,
         admin,
         tokens,
         audit,

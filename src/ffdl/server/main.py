@@ -13,7 +13,10 @@ from pydantic import ValidationError
 from ffdl.backends.base import BackendConfigError, BackendUnavailable
 from ffdl.backends.local import NO_SANDBOX_WARNING, SandboxUnavailable
 from ffdl.server.app import create_app
+from ffdl.server.pool.config import pool_policy
+from ffdl.server.pool.policy import Policy
 from ffdl.server.settings import Settings
+from ffdl.server.store.db import StoreUnavailable
 
 log = logging.getLogger("ffdl.server")
 
@@ -26,7 +29,10 @@ def serve(
     backend: str | None = None,
     ray_address: str | None = None,
     advertise_url: str | None = None,
+    workers: str | None = None,
 ) -> None:
+    """Serve the platform until stopped: one process, or with ``workers`` ("MIN..MAX", or
+    from the settings) an elastic pool of worker processes (``ffdl.server.pool``)."""
     try:
         settings = Settings.load(
             home,
@@ -36,9 +42,11 @@ def serve(
             backend=backend,
             ray_address=ray_address,
             advertise_url=advertise_url,
+            workers=workers,
         )
         # Built here once to report a bad configuration before anything starts.
         settings.backend_config()
+        policy = pool_policy(settings)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
@@ -50,12 +58,23 @@ def serve(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # ffdl says in one line what a migration applied; Alembic's own steps are noise here.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     if not settings.sandbox:
         log.warning(NO_SANDBOX_WARNING)
     _log_backend(settings)
+    if policy is not None:
+        _serve_pool(settings, policy)
+        return
     try:
         app = create_app(settings)
-    except (SandboxUnavailable, BackendConfigError, BackendUnavailable, ValueError) as exc:
+    except (
+        SandboxUnavailable,
+        BackendConfigError,
+        BackendUnavailable,
+        StoreUnavailable,
+        ValueError,
+    ) as exc:
         raise SystemExit(f"ffdl: {exc}") from None
     log.info(
         "ffdl is up at %s (home %s); API docs at %s/docs",
@@ -64,6 +83,16 @@ def serve(
         settings.api_url,
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+
+
+def _serve_pool(settings: Settings, policy: Policy) -> None:
+    # Imported here: only a pool needs gunicorn.
+    from ffdl.server.pool.master import run_pool
+
+    try:
+        run_pool(settings, policy)
+    except (StoreUnavailable, ValueError) as exc:
+        raise SystemExit(f"ffdl: {exc}") from None
 
 
 def _log_backend(settings: Settings) -> None:
@@ -105,6 +134,7 @@ def _main() -> None:
     parser.add_argument("--backend", choices=["local", "ray"], default=None)
     parser.add_argument("--ray-address", default=None, metavar="ADDRESS")
     parser.add_argument("--advertise-url", default=None, metavar="URL")
+    parser.add_argument("--workers", default=None, metavar="MIN..MAX")
     args = parser.parse_args()
     serve(
         args.home,
@@ -114,6 +144,7 @@ def _main() -> None:
         backend=args.backend,
         ray_address=args.ray_address,
         advertise_url=args.advertise_url,
+        workers=args.workers,
     )
 
 

@@ -11,6 +11,7 @@ from datetime import datetime
 from ffdl.backends.base import Backend
 from ffdl.server.auth import JobTokens
 from ffdl.server.credentials import CredentialVault
+from ffdl.server.leases import LeaseKeeper
 from ffdl.server.passwords import SignIns
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
@@ -55,6 +56,9 @@ class Platform:
     # Seals data-store credentials in stored manifests; see ``ffdl.server.credentials``.
     credentials: CredentialVault
     wakeups: Wakeups = field(default_factory=Wakeups)
+    # This replica's loop leases and its entry among the replicas (``ffdl.server.leases``);
+    # None for a platform whose loop passes are driven by hand, without leases.
+    keeper: LeaseKeeper | None = None
     # HTTP Basic sign-ins: recent successes, failure back-off (``ffdl.server.passwords``).
     sign_ins: SignIns = field(default_factory=SignIns)
     # When this control plane started (naive UTC, like the store's times): silence is

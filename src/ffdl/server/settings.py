@@ -82,6 +82,45 @@ class Settings(BaseSettings):
     checkpoint_sync_s: float = Field(default=5.0, gt=0)
     ray_launch_timeout_s: float = Field(default=30.0, gt=0)
 
+    # Replicas sharing one database: each background loop runs in one replica at a time
+    # under a lease of this length, renewed every third of it; a replica that stops
+    # renewing (dead, frozen, or its loop hung for ``loop_hang_s``) loses it after that.
+    lease_ttl_s: float = Field(default=3.0, gt=0)
+    loop_hang_s: float = Field(default=120.0, gt=0)
+
+    # Elastic API pool (``ffdl up --workers MIN..MAX``, ``ffdl.server.pool``): the API is
+    # served by MIN..MAX gunicorn worker processes on one address, resized every
+    # ``pool_interval_s`` from the load measured over ``pool_window_s``. ``workers`` is
+    # "MIN..MAX", or N for a fixed pool; unset: one process, no pool. The rule is in
+    # ``pool/policy.py``: grow when any signal stays above its grow threshold for
+    # ``pool_grow_after_s``, shrink when all stay below their shrink thresholds for
+    # ``pool_shrink_after_s``, then wait ``pool_cooldown_s``. A grow threshold of 0 turns
+    # its signal off. A retiring worker finishes what it accepted within ``pool_graceful_s``
+    # and closes idle connections after ``pool_keepalive_s``, like any idle connection.
+    workers: int | str | None = None
+    pool_interval_s: float = Field(default=1.0, gt=0)
+    pool_window_s: float = Field(default=5.0, gt=0)
+    pool_grow_after_s: float = Field(default=3.0, ge=0)
+    pool_shrink_after_s: float = Field(default=30.0, ge=0)
+    pool_cooldown_s: float = Field(default=10.0, ge=0)
+    pool_step: int = Field(default=1, ge=1)
+    pool_min_latency_samples: int = Field(default=20, ge=1)
+    pool_grow_in_flight: float = Field(default=4.0, ge=0)  # per worker
+    pool_shrink_in_flight: float = Field(default=1.0, ge=0)
+    pool_grow_p95_ms: float = Field(default=500.0, ge=0)
+    pool_shrink_p95_ms: float = Field(default=100.0, ge=0)
+    pool_grow_rps: float = Field(default=0.0, ge=0)  # per worker; off unless set
+    pool_shrink_rps: float = Field(default=0.0, ge=0)
+    pool_grow_report_in_flight: float = Field(default=2.0, ge=0)  # per worker
+    pool_shrink_report_in_flight: float = Field(default=0.5, ge=0)
+    pool_grow_report_p95_ms: float = Field(default=1000.0, ge=0)
+    pool_shrink_report_p95_ms: float = Field(default=200.0, ge=0)
+    pool_graceful_s: int = Field(default=30, ge=1)
+    pool_keepalive_s: int = Field(default=5, ge=1)
+    # A keep-alive connection is ended (``Connection: close`` on a response) after this long,
+    # so that busy clients reconnect and spread over the workers a grown pool adds. 0: never.
+    pool_connection_max_s: float = Field(default=2.0, ge=0)
+
     # Loops and liveness.
     scheduler_interval_s: float = 1.0
     lcm_interval_s: float = 1.0

@@ -23,13 +23,20 @@ from sqlalchemy.orm import Session
 
 from ffdl.backends.base import BackendUnavailable, Handle, LaunchRequest, LearnerState
 from ffdl.core.archive import unpack_archive
-from ffdl.core.errors import ArchiveError, FfdlError, IllegalTransition
+from ffdl.core.errors import (
+    ArchiveError,
+    FfdlError,
+    IllegalTransition,
+    LeaseLost,
+    StatusChanged,
+)
 from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import Manifest
 from ffdl.core.resources import LearnerPlacement, Placement
 from ffdl.core.status import TERMINAL_LEARNER_STATES, ErrorCode, JobStatus, LearnerStatus
 from ffdl.learner.spec import OBJECT_STORE_KIND, DataMount, LearnerSpec
 from ffdl.learner.staging import StagingError, hand_over
+from ffdl.server.leases import ensure_fence_held, live_replica_urls
 from ffdl.server.loops.scheduler import PREEMPTED, free_port
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job, aggregate_job_failure
@@ -91,6 +98,11 @@ def _for_one_job(platform: Platform, step: Callable[[Platform, str], None], job_
         step(platform, job_id)
     except BackendUnavailable as exc:
         log.warning("%s of %s waits for the backend: %s", step.__name__, job_id, exc)
+    except LeaseLost:
+        raise  # this replica no longer runs the LCM: the whole pass stops
+    except StatusChanged as exc:
+        # Another replica or a request moved the job first; the next pass decides anew.
+        log.info("%s of %s gave way: %s", step.__name__, job_id, exc)
     except Exception as exc:
         log.exception("%s of %s failed", step.__name__, job_id)
         code = ErrorCode.BAD_ARCHIVE if _is_archive_error(exc) else ErrorCode.DEPLOY_FAILED
@@ -161,6 +173,9 @@ def deploy(platform: Platform, job_id: str) -> None:
                 batch_size,
             )
             _ensure_learner_row(platform, job_id, lp.learner, attempt, lp.node, lp.gpu_ids)
+            # A replica that lost the LCM's lease (frozen, cut off) must not start learners
+            # that the new holder starts too.
+            ensure_fence_held(platform.store)
             # BackendUnavailable propagates to ``_for_one_job``: this step stays unrecorded,
             # so the next pass launches this learner (launch is idempotent).
             handle = platform.backend.launch(
@@ -179,6 +194,8 @@ def deploy(platform: Platform, job_id: str) -> None:
                     session.add(
                         DeployStep(job_id=job_id, attempt=attempt, step=step, done_at=utcnow())
                     )
+    except (LeaseLost, StatusChanged):
+        raise
     except StoreError as exc:
         _fail(platform, job_id, f"deploy failed: {exc}", exc.code)
     except (OSError, FfdlError, StagingError, zipfile.BadZipFile, zlib.error, EOFError) as exc:
@@ -311,6 +328,7 @@ def build_spec(
         num_learners=len(placement.learners),
         attempt=attempt,
         api_url=settings.learner_api_url,
+        fallback_urls=_other_replicas(platform),
         job_token=platform.job_tokens.issue(job_id),
         command=manifest.framework.command,
         workdir=str(dirs.code),
@@ -346,6 +364,15 @@ def build_spec(
         checkpoint_dir=str(dirs.checkpoints) if results_store is not None else None,
         code_archive=str(dirs.archive) if results_store is not None and learner == 1 else None,
     )
+
+
+def _other_replicas(platform: Platform) -> list[str]:
+    """The other live replicas' addresses: where the learner's reports fail over to."""
+    own = platform.settings.learner_api_url
+    alive = timedelta(seconds=3 * platform.settings.lease_ttl_s)
+    with platform.store.read() as session:
+        urls = live_replica_urls(session, now=utcnow(), alive_within=alive)
+    return [url for url in urls if url != own]
 
 
 def _learner(session: Session, job_id: str, index: int, attempt: int) -> Learner | None:

@@ -1,4 +1,9 @@
-"""Running a reconcile step forever: on its timer, when woken, and safely off the event loop."""
+"""Running a reconcile step forever: on its timer, when woken, and safely off the event loop.
+
+Among replicas sharing a database a loop runs only while this replica holds its lease
+(``ffdl.server.leases``), and each pass runs under the lease's fence, so that the writes of
+a pass that outlives the lease are refused.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from ffdl.core.errors import LeaseLost
+from ffdl.server.leases import LeaseKeeper, reset_fence, set_fence
 from ffdl.server.platform import Wakeups
 
 log = logging.getLogger("ffdl.loops")
@@ -18,23 +25,45 @@ async def run_forever(
     interval_s: float,
     wakeups: Wakeups,
     min_gap_s: float = 0.0,
+    keeper: LeaseKeeper | None = None,
 ) -> None:
     """Call ``step`` in a worker thread every ``interval_s`` or sooner when ``name`` is woken.
 
     Wake-ups that arrive during a pass or within ``min_gap_s`` after it are served by one
     further pass, so a burst of submissions costs a few passes, not one each. A failing
-    step is logged and retried on the next turn: a loop never dies of one error.
+    step is logged and retried on the next turn: a loop never dies of one error. With a
+    ``keeper``, passes run only while it holds the lease ``name`` (it wakes the loop when it
+    takes the lease).
     """
     event = wakeups.event(name)
     while True:
         if min_gap_s > 0:
             await asyncio.sleep(min_gap_s)
         event.clear()
-        try:
-            await asyncio.to_thread(step)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("%s pass failed", name)
+        await run_pass(name, step, keeper)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout=interval_s)
+
+
+async def run_pass(name: str, step: Callable[[], object], keeper: LeaseKeeper | None) -> None:
+    """One pass of loop ``name`` in a worker thread, under its lease's fence if it has one."""
+    fence = None
+    if keeper is not None:
+        fence = keeper.fence(name)
+        if fence is None:
+            return  # another replica runs this loop
+        keeper.pass_started(name)
+    # The worker thread runs in a copy of this task's context: it sees the fence.
+    token = set_fence(fence)
+    try:
+        await asyncio.to_thread(step)
+    except asyncio.CancelledError:
+        raise
+    except LeaseLost as exc:
+        log.warning("%s pass stopped: %s", name, exc)
+    except Exception:
+        log.exception("%s pass failed", name)
+    finally:
+        reset_fence(token)
+        if keeper is not None:
+            keeper.pass_ended(name)

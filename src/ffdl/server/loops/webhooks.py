@@ -25,6 +25,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from sqlalchemy import Exists, func, or_, select
 
+from ffdl.core.errors import LeaseLost
+from ffdl.server.leases import Fence, LeaseKeeper, reset_fence, set_fence
 from ffdl.server.platform import Platform
 from ffdl.server.routers.health import ffdl_version
 from ffdl.server.services.webhooks import (
@@ -232,7 +234,8 @@ class WebhookLoop:
         self.policy = HostPolicy(platform.settings.webhook_allowed_hosts)
         self.user_agent = f"ffdl-webhooks/{ffdl_version()}"
 
-    async def run(self) -> None:
+    async def run(self, keeper: LeaseKeeper | None = None) -> None:
+        """Deliver until cancelled; with a ``keeper``, only while it holds the lease."""
         settings = self.platform.settings
         wake = self.platform.wakeups.event("webhooks")
         async with httpx.AsyncClient(
@@ -246,14 +249,26 @@ class WebhookLoop:
             while True:
                 wake.clear()
                 wait = settings.webhook_interval_s
-                try:
-                    wait = min(wait, await self.pass_once(client))
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("webhooks pass failed")
+                fence = keeper.fence("webhooks") if keeper is not None else None
+                if keeper is None or fence is not None:
+                    wait = min(wait, await self._fenced_pass(client, fence))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=max(wait, 0.05))
+
+    async def _fenced_pass(self, client: httpx.AsyncClient, fence: Fence | None) -> float:
+        # The worker threads of the pass copy this task's context, fence included.
+        token = set_fence(fence)
+        try:
+            return await self.pass_once(client)
+        except asyncio.CancelledError:
+            raise
+        except LeaseLost as exc:
+            log.warning("webhooks pass stopped: %s", exc)
+        except Exception:
+            log.exception("webhooks pass failed")
+        finally:
+            reset_fence(token)
+        return float("inf")
 
     async def pass_once(self, client: httpx.AsyncClient) -> float:
         """Deliver what is due; the seconds until the next retry falls due."""

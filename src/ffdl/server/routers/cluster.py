@@ -1,4 +1,5 @@
-"""``/v1/nodes`` and ``/v1/queue``: the cluster and the queue as users and operators see them."""
+"""``/v1/nodes``, ``/v1/queue`` and ``/v1/replicas``: the cluster, the queue and the control
+plane as users and operators see them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
 from ffdl.server.routers.responses import AUTHENTICATED, errors
-from ffdl.server.services.cluster import cluster_view, drain, queue_view
+from ffdl.server.services.cluster import cluster_view, drain, queue_view, replicas_view
 
 router = APIRouter(prefix="/v1", tags=["cluster"], responses=AUTHENTICATED)
 
@@ -22,6 +23,12 @@ def get_nodes(platform: PlatformDep, principal: PrincipalDep) -> dict[str, Any]:
 @router.get("/queue")
 def get_queue(platform: PlatformDep, principal: PrincipalDep) -> dict[str, Any]:
     return queue_view(platform, principal)
+
+
+@router.get("/replicas", responses=errors(403))
+def get_replicas(platform: PlatformDep, principal: PrincipalDep) -> dict[str, Any]:
+    """The control plane's replicas (alive or lately seen) and who leads each loop."""
+    return replicas_view(platform, principal)
 
 
 class DrainRequest(BaseModel):

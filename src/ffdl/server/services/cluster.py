@@ -7,7 +7,7 @@ admins see everything, and only they drain and undrain nodes.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -15,12 +15,14 @@ from sqlalchemy import select
 from ffdl.core.resources import Placement, Resources
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.server.auth import Principal
+from ffdl.server.leases import describe
 from ffdl.server.platform import Platform
 from ffdl.server.services import audit
 from ffdl.server.services.admin import require_platform_admin
 from ffdl.server.services.nodes import effective_nodes, set_drained
 from ffdl.server.services.queries import eta_text, iso
 from ffdl.server.store.models import Job
+from ffdl.server.store.transitions import utcnow
 
 IN_USE = "in use"
 
@@ -125,3 +127,13 @@ def drain(
     with platform.store.write() as session:
         audit.record(session, principal, action, name, tenant_id=None, detail=reason)
     return result
+
+
+def replicas_view(platform: Platform, principal: Principal) -> dict[str, Any]:
+    """The control plane's replicas and which one runs each loop (platform admins only)."""
+    require_platform_admin(principal)
+    alive = timedelta(seconds=3 * platform.settings.lease_ttl_s)
+    with platform.store.read() as session:
+        view = describe(session, now=utcnow(), alive_within=alive)
+    view["this_replica"] = platform.keeper.replica_id if platform.keeper else None
+    return view

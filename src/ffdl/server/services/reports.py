@@ -122,7 +122,10 @@ def ingest_reports(
     status_changed = False
     dropped = 0
     with platform.store.write() as session:
-        job = session.get(Job, job_id)
+        # The job's row locked first: one job's reports are stored one batch after another
+        # even across replicas, so a batch sent twice is found stored, and the ids of its
+        # log lines, metrics and events grow in commit order (what followers read after).
+        job = session.get(Job, job_id, with_for_update=True)
         if job is None:
             raise NotFound(f"no job {job_id!r}")
         learner = session.scalars(

@@ -1,97 +1,192 @@
-"""Engine and sessions. SQLite runs in WAL mode with ``synchronous=FULL``; writes are
-serialised by one lock.
+"""Engine and sessions over SQLite (the embedded default) or PostgreSQL (psycopg 3).
 
-Durability: every commit fsyncs the write-ahead log before it returns, so whatever the API
-has acknowledged (a submit's 201, a halt) survives a crash of the server, of the operating
-system, or a power loss; ``synchronous=NORMAL`` would survive only the first.
+Durability: on SQLite every commit fsyncs the write-ahead log before it returns
+(WAL mode, ``synchronous=FULL``), so whatever the API has acknowledged (a submit's 201, a
+halt) survives a crash of the server, of the operating system, or a power loss;
+``synchronous=NORMAL`` would survive only the first. On PostgreSQL a commit is as durable as
+the server's own settings make it (``fsync`` and ``synchronous_commit`` on, its defaults).
 
-Readers never block in WAL mode; writers in one process take ``Store.write()``'s lock so
-that concurrent request threads and loops never race for SQLite's single write lock
-(which would surface as "database is locked").
+Concurrency on SQLite: readers never block in WAL mode. A write session (``Store.write()``)
+starts with ``BEGIN IMMEDIATE``, taking the file's write lock before its first read, so a
+transaction that reads then writes can never find, at its first write, that another process
+committed since its read (``SQLITE_BUSY_SNAPSHOT``, which no retry of the statement cures):
+several processes may share one file (an API worker pool, replicas on one host), each
+waiting up to ``busy_timeout`` for the lock. Within one process, writers also queue on a
+lock of their own so that request threads and loops wait in order instead of polling
+SQLite's lock. SQLAlchemy emits every ``BEGIN`` itself (pysqlite's own transaction
+handling is off), so read sessions are real transactions too (a consistent snapshot).
 
-Schema changes: ``create_all`` creates missing tables, and ``add_missing_columns`` brings
-tables of an older database up to date by adding the nullable columns and the indexes they
-lack. That is the whole migration story until a real migration framework is needed.
+Concurrency on PostgreSQL: sessions are ``READ COMMITTED`` transactions; writers never wait
+on a process-wide lock, and the rows whose change must be exclusive (a job's status, a
+lease) are locked with ``SELECT ... FOR UPDATE`` where they change (``transitions.py``,
+``leases.py``). The pool checks a connection before handing it out (``pool_pre_ping``), so
+a restarted server costs no failed request.
+
+The schema is created and upgraded by ``schema.upgrade`` (Alembic migrations), never here.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ffdl.server.store.models import Base
+# The execution option that makes a SQLite transaction begin with ``BEGIN IMMEDIATE``.
+SQLITE_BEGIN = "ffdl_sqlite_begin"
+IMMEDIATE = {SQLITE_BEGIN: "IMMEDIATE"}
+
+# Per process: 5 connections kept, 20 more under load. Keep replicas x API workers x 25
+# under PostgreSQL's max_connections (100 by default) or put a pooler (PgBouncer) between.
+PG_POOL_SIZE = 5
+PG_MAX_OVERFLOW = 20
+PG_CONNECT_TIMEOUT_S = 10
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+class StoreUnavailable(RuntimeError):
+    """The store cannot be used: its driver is missing, its server unreachable, or its
+    schema newer than this ffdl. Raised at start; the message says what to do."""
+
+
+class DatabaseDriverMissing(StoreUnavailable):
+    """A PostgreSQL URL, and psycopg (``pip install 'ffdl[postgres]'``) is not installed."""
+
+
+class DatabaseUnreachable(StoreUnavailable):
+    """The database server refused the connection, or could not be reached."""
+
+
+def is_postgresql(url: str | URL) -> bool:
+    return make_url(url).get_backend_name() == "postgresql"
+
+
+def is_sqlite(url: str | URL) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def safe_url(url: str | URL) -> str:
+    """``url`` without its password, for messages and logs."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def server_address(url: str | URL) -> str:
+    """``HOST:PORT`` of a server URL (PostgreSQL's defaults filled in)."""
+    parsed = make_url(url)
+    host = parsed.host or str(parsed.query.get("host") or "localhost")
+    port = parsed.port or (5432 if parsed.get_backend_name() == "postgresql" else None)
+    return f"{host}:{port}" if port else host
+
+
+def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+    # SQLAlchemy emits BEGIN itself (``_sqlite_begin``); pysqlite's own handling would
+    # begin only at the first write, too late to take the write lock before reading.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA journal_mode=WAL")
     # FULL fsyncs the WAL at every commit: what the API acknowledged survives a power loss,
     # not only a crash of the server (NORMAL's guarantee). It costs one fsync per write.
     cur.execute("PRAGMA synchronous=FULL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=30000")
     cur.close()
 
 
-def add_missing_columns(engine: Engine) -> list[str]:
-    """Add to existing tables the columns and indexes of the models they lack.
+def _sqlite_begin(conn: Connection) -> None:
+    mode = conn.get_execution_options().get(SQLITE_BEGIN, "DEFERRED")
+    conn.exec_driver_sql(f"BEGIN {mode}")
 
-    Only nullable columns can be added to a table that may hold rows; a non-nullable one is
-    a schema change this step cannot make, and says so. Returns ``table.column`` names added.
-    """
-    inspector = inspect(engine)
-    preparer = engine.dialect.identifier_preparer
-    added: list[str] = []
-    with engine.begin() as conn:
-        for table in Base.metadata.sorted_tables:
-            if not inspector.has_table(table.name):
-                continue
-            present = {column["name"] for column in inspector.get_columns(table.name)}
-            missing = [column for column in table.columns if column.name not in present]
-            for column in missing:
-                if not column.nullable:
-                    raise RuntimeError(
-                        f"database table {table.name} lacks the non-nullable column "
-                        f"{column.name}; it cannot be added automatically"
-                    )
-                column_type = column.type.compile(dialect=engine.dialect)
-                conn.execute(
-                    text(
-                        f"ALTER TABLE {preparer.format_table(table)} "
-                        f"ADD COLUMN {preparer.format_column(column)} {column_type}"
-                    )
-                )
-                added.append(f"{table.name}.{column.name}")
-            # Every index, not only those over the columns just added: an index added to
-            # the schema later (say a unique one over old columns) must reach old databases.
-            for index in table.indexes:
-                index.create(conn, checkfirst=True)
-    return added
+
+def _postgres_engine(url: URL) -> Engine:
+    connect_args: dict[str, Any] = {}
+    if "connect_timeout" not in url.query:
+        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    if "application_name" not in url.query:
+        connect_args["application_name"] = "ffdl"
+    try:
+        return create_engine(
+            url,
+            pool_size=PG_POOL_SIZE,
+            max_overflow=PG_MAX_OVERFLOW,
+            pool_pre_ping=True,
+            # Connections older than this are replaced, before a firewall or a proxy
+            # drops them silently.
+            pool_recycle=1800,
+            connect_args=connect_args,
+        )
+    except ImportError as exc:
+        raise DatabaseDriverMissing(
+            f"the database URL {safe_url(url)} needs the PostgreSQL driver psycopg 3, which "
+            f"is not installed ({exc}): pip install 'ffdl[postgres]'"
+        ) from None
 
 
 class Store:
     def __init__(self, url: str) -> None:
         self.url = url
-        kwargs: dict[str, Any] = {}
-        if url.startswith("sqlite"):
-            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
-            kwargs["pool_size"] = 16
-            kwargs["max_overflow"] = 16
-        self.engine: Engine = create_engine(url, **kwargs)
-        if url.startswith("sqlite"):
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+        parsed = make_url(url)
+        self.dialect = parsed.get_backend_name()
+        self.engine: Engine
+        write_bind: Engine
+        if self.dialect == "sqlite":
+            self.engine = create_engine(
+                parsed,
+                connect_args={"check_same_thread": False, "timeout": 30},
+                pool_size=16,
+                max_overflow=16,
+            )
+            event.listen(self.engine, "connect", _sqlite_connect)
+            event.listen(self.engine, "begin", _sqlite_begin)
+            write_bind = self.engine.execution_options(**IMMEDIATE)
+        elif self.dialect == "postgresql":
+            self.engine = _postgres_engine(parsed)
+            write_bind = self.engine
+        else:
+            raise ValueError(
+                f"unsupported database URL {safe_url(url)}: use sqlite:///PATH or "
+                "postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE"
+            )
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_sessions = sessionmaker(write_bind, expire_on_commit=False)
         self._write_lock = threading.RLock()
 
-    def create_all(self) -> list[str]:
-        """Create missing tables, then add missing columns; the columns added."""
-        Base.metadata.create_all(self.engine)
-        return add_missing_columns(self.engine)
+    @property
+    def path(self) -> Path | None:
+        """A SQLite database's file (None on a server, or in memory)."""
+        database = make_url(self.url).database
+        if self.dialect != "sqlite" or not database or database == ":memory:":
+            return None
+        return Path(database)
+
+    @property
+    def address(self) -> str:
+        """Where the database is, without a password: a file path or ``HOST:PORT``."""
+        if self.dialect == "sqlite":
+            return make_url(self.url).database or ":memory:"
+        return server_address(self.url)
+
+    def check_reachable(self) -> None:
+        """Connect once; raise ``DatabaseUnreachable`` naming the server if that fails."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except OperationalError as exc:
+            raise DatabaseUnreachable(self.unreachable_message(exc)) from None
+
+    def unreachable_message(self, exc: BaseException) -> str:
+        cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        detail = cause[0] if cause else type(exc).__name__
+        password = make_url(self.url).password
+        if password:
+            detail = detail.replace(str(password), "***")
+        if self.dialect == "sqlite":
+            return f"cannot open the database at {self.address}: {detail}"
+        return f"database unreachable at {self.address}: {detail}"
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -100,8 +195,14 @@ class Store:
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        """A session whose changes commit together on exit (or roll back on error)."""
-        with self._write_lock, self._sessions() as session, session.begin():
+        """A session whose changes commit together on exit (or roll back on error).
+
+        On SQLite its transaction holds the file's write lock from its start.
+        """
+        queue: AbstractContextManager[Any] = (
+            self._write_lock if self.dialect == "sqlite" else nullcontext()
+        )
+        with queue, self._write_sessions() as session, session.begin():
             yield session
 
     def dispose(self) -> None:

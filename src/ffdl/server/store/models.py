@@ -1,9 +1,10 @@
-"""The ORM schema (SQLAlchemy 2): tenants, users, tokens, jobs, learners, events, logs, metrics.
+"""The ORM schema (SQLAlchemy 2): tenants, users, tokens, jobs, learners, events, logs,
+metrics, and the replicas' loop leases.
 
 Status columns are written only by ``transitions.py``. Log lines and metrics carry the
 controller's per-attempt sequence number so that a retried report is never stored twice.
-Columns added to a table that older databases already have must be nullable: ``db.py``
-adds them to an existing database with ``ALTER TABLE ... ADD COLUMN``.
+Every change to this schema comes with an Alembic migration in ``migrations/versions/``
+(``ffdl db revision -m ...`` drafts one); a test fails while models and migrations differ.
 """
 
 from __future__ import annotations
@@ -128,8 +129,9 @@ class Job(Base):
     __table_args__ = (Index("ix_jobs_tenant_submitted", "tenant_id", "submitted_at"),)
 
 
-# Outside the class so that older databases get it from ``add_missing_columns`` like any
-# index; keys are NULL for most jobs, and NULLs never collide.
+# Outside the class so that databases from before migrations get it from
+# ``schema.add_missing_columns`` like any index; keys are NULL for most jobs, and NULLs
+# never collide.
 Index("ux_jobs_user_idempotency", Job.user_id, Job.idempotency_key, unique=True)
 
 
@@ -240,3 +242,34 @@ class WebhookEndpoint(Base):
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     __table_args__ = (UniqueConstraint("job_id", "event_type", "endpoint_id"),)
+
+
+class Lease(Base):
+    """Who runs one background loop (``name``: scheduler, lcm, ...) among the replicas.
+
+    ``token`` grows by one at every change of holder: it is the fencing token that a loop's
+    writes carry, so the writes of a holder that lost the lease (frozen, partitioned) are
+    refused once another replica took it. See ``ffdl.server.leases``.
+    """
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(128), default=None)
+    token: Mapped[int] = mapped_column(Integer, default=0)
+    acquired_at: Mapped[datetime | None] = mapped_column(default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Replica(Base):
+    """One running control-plane process (``ffdl up``, or one worker of its pool)."""
+
+    __tablename__ = "replicas"
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    url: Mapped[str] = mapped_column(String(500))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    version: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[datetime]
+    seen_at: Mapped[datetime]
+    # Set when the replica stopped cleanly; a replica that died just stops being seen.
+    stopped_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -4,14 +4,22 @@ Every change is checked against the status machine in ``ffdl.core.status`` and r
 an ``Event`` row in the caller's transaction, so a status and its event commit together or
 not at all. A job reaching a terminal status has its data-store credentials erased in the
 same transaction.
+
+Compare-and-set: before changing a status the gate re-reads it from the database with the
+row locked (``SELECT ... FOR UPDATE``; SQLite's write transactions lock the whole file) and
+refuses with ``StatusChanged`` when it differs from the status the caller decided on. Two
+replicas, or a request and a loop, can therefore never both move a job from the same status
+(both deploy it, both preempt it): the second one's transaction rolls back.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ffdl.core.errors import StatusChanged
 from ffdl.core.status import (
     TERMINAL_JOB_STATES,
     JobStatus,
@@ -47,6 +55,7 @@ def set_job_status(
     if current == target:
         return None
     check_job_transition(current, target, via)
+    _compare_and_lock(session, job, f"job {job.id}")
     now = utcnow()
     job.status = target.value
     job.reason = reason
@@ -101,6 +110,7 @@ def set_learner_status(
     if current == target:
         return None
     check_learner_transition(current, target)
+    _compare_and_lock(session, learner, f"learner {learner.index} of {learner.job_id}")
     now = utcnow()
     learner.status = target.value
     learner.updated_at = now
@@ -120,3 +130,20 @@ def set_learner_status(
     )
     session.add(event)
     return event
+
+
+def _compare_and_lock(session: Session, row: Job | Learner, what: str) -> None:
+    """Lock ``row`` and check that its stored status is still the one it was read with."""
+    if row in session.new or row.id is None:
+        return  # created in this transaction: nobody else can have moved it
+    model = type(row)
+    if isinstance(row, Learner):
+        # The job's row first, as for every write of a job's records: its events then get
+        # their ids in commit order, and the lock order (job, then learner) is the same
+        # everywhere.
+        session.execute(select(Job.id).where(Job.id == row.job_id).with_for_update())
+    stored = session.execute(
+        select(model.status).where(model.id == row.id).with_for_update()
+    ).scalar_one_or_none()
+    if stored is not None and stored != row.status:
+        raise StatusChanged(what, row.status, stored)

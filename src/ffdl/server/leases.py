@@ -1,0 +1,378 @@
+"""Leases: which replica runs each background loop, and the fence on that loop's writes.
+
+Several control-plane processes (replicas, or the workers of an API pool) may share one
+database. Every one serves the API, but each background loop (scheduler, LCM, monitor,
+autoscaler, webhooks) must run in exactly one of them at a time, or two replicas could
+deploy the same job twice. A ``leases`` row per loop says who runs it:
+
+- **Taking and keeping.** A :class:`LeaseKeeper` in each replica renews the leases it holds
+  every third of ``lease_ttl_s`` and takes any lease that is free or has expired, by a
+  compare-and-set on the row's ``token``. A takeover adds one to the token.
+- **Losing.** A holder that dies, freezes (SIGSTOP, a long pause) or is cut off stops
+  renewing, and another replica takes the lease once it expires, within ``lease_ttl_s``
+  and one renewal. A holder whose loop pass has run longer than ``loop_hang_s`` stops
+  renewing that loop's lease on purpose: a hung loop is handed over like a dead one.
+- **Fencing.** A loop pass runs with its :class:`Fence` (the lease's name, holder and token)
+  in a context variable, and every transaction it commits first checks, with the lease row
+  locked (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` locks the
+  whole file), that the lease still has that holder and token. A deposed holder's late
+  writes therefore fail with :class:`LeaseLost` and roll back; they cannot interleave with
+  the new holder's, because a takeover must lock the same row to change the token.
+
+Replicas also register themselves in the ``replicas`` table (URL, host, pid, version, when
+last seen) so that ``ffdl status`` shows who is up and who leads what, and so that learners
+are told every replica's address.
+
+Times are each replica's own clock (naive UTC): replicas on several machines need clocks
+agreeing to well within ``lease_ttl_s`` (NTP does).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import event, select, update
+from sqlalchemy.orm import Session
+
+from ffdl.core.errors import LeaseLost
+from ffdl.server.store.db import Store
+from ffdl.server.store.models import Lease, Replica
+from ffdl.server.store.transitions import utcnow
+
+log = logging.getLogger("ffdl.leases")
+
+LOOPS = ("scheduler", "lcm", "monitor", "autoscaler", "webhooks")
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a loop pass's writes must still match when they commit."""
+
+    name: str
+    holder: str
+    token: int
+
+
+_FENCE: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("ffdl_fence", default=None)
+
+
+@contextmanager
+def fenced(fence: Fence) -> Iterator[None]:
+    """Commit every write made in this context (and threads it starts) only under ``fence``."""
+    token = _FENCE.set(fence)
+    try:
+        yield
+    finally:
+        _FENCE.reset(token)
+
+
+def set_fence(fence: Fence | None) -> contextvars.Token[Fence | None]:
+    """Put ``fence`` on the current context (an asyncio task's own); undo with the token."""
+    return _FENCE.set(fence)
+
+
+def reset_fence(token: contextvars.Token[Fence | None]) -> None:
+    _FENCE.reset(token)
+
+
+def check_fence(session: Session) -> None:
+    """Refuse the commit of ``session`` unless its context's fence still holds.
+
+    A session-wide ``before_commit`` hook: transactions outside a loop pass have no fence
+    and are not checked.
+    """
+    fence = _FENCE.get()
+    if fence is None:
+        return
+    row = session.execute(
+        select(Lease.holder, Lease.token).where(Lease.name == fence.name).with_for_update()
+    ).first()
+    if row is None or row.holder != fence.holder or row.token != fence.token:
+        holder = "nobody" if row is None else f"{row.holder} (token {row.token})"
+        raise LeaseLost(
+            f"the {fence.name} lease moved to {holder}; this replica's write "
+            f"with token {fence.token} is refused"
+        )
+
+
+_hook_lock = threading.Lock()
+_hooked = False
+
+
+def install_fence_check() -> None:
+    """Check fences on every commit of every session in this process (once)."""
+    global _hooked
+    with _hook_lock:
+        if not _hooked:
+            event.listen(Session, "before_commit", check_fence)
+            _hooked = True
+
+
+def new_replica_id() -> str:
+    """A name for this process among the replicas: host, pid, and a random part."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class Held:
+    token: int
+    expires_at: datetime
+
+
+class LeaseKeeper:
+    """Takes, renews and gives back this replica's loop leases; registers the replica.
+
+    ``tick()`` does one round (called every ``ttl_s / 3`` by the app); ``fence(name)`` says
+    whether this replica may run loop ``name`` now, and under which fence.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        replica_id: str,
+        url: str,
+        version: str,
+        ttl_s: float,
+        hang_s: float,
+        names: tuple[str, ...] = LOOPS,
+    ) -> None:
+        self.store = store
+        self.replica_id = replica_id
+        self.url = url
+        self.version = version
+        self.ttl = timedelta(seconds=ttl_s)
+        self.hang = timedelta(seconds=hang_s)
+        self.names = names
+        self.started_at = utcnow()
+        self._held: dict[str, Held] = {}
+        self._busy_since: dict[str, datetime] = {}
+        self._lock = threading.Lock()
+        install_fence_check()
+
+    # -- what the loops ask -----------------------------------------------------------------
+
+    def fence(self, name: str) -> Fence | None:
+        """The fence to run loop ``name`` under, or None when another replica runs it."""
+        with self._lock:
+            held = self._held.get(name)
+            if held is None or held.expires_at <= utcnow():
+                return None
+            return Fence(name, self.replica_id, held.token)
+
+    def pass_started(self, name: str) -> None:
+        with self._lock:
+            self._busy_since[name] = utcnow()
+
+    def pass_ended(self, name: str) -> None:
+        with self._lock:
+            self._busy_since.pop(name, None)
+
+    def held(self) -> list[str]:
+        with self._lock:
+            return sorted(self._held)
+
+    # -- one round ----------------------------------------------------------------------------
+
+    def tick(self) -> list[str]:
+        """Register this replica, renew held leases, take free ones; the names newly taken."""
+        now = utcnow()
+        self._register(now)
+        taken: list[str] = []
+        for name in self.names:
+            if self._hung(name, now):
+                self._let_go(name, f"its {name} pass has run since {self._busy_since[name]}")
+                continue
+            held = self._renew_or_take(name, now)
+            with self._lock:
+                before = self._held.get(name)
+                if held is None:
+                    self._held.pop(name, None)
+                else:
+                    self._held[name] = held
+            if held is not None and (before is None or before.token != held.token):
+                log.info("replica %s leads %s (token %d)", self.replica_id, name, held.token)
+                taken.append(name)
+            elif held is None and before is not None:
+                log.warning("replica %s lost the %s lease", self.replica_id, name)
+        return taken
+
+    def release(self) -> None:
+        """Give back every lease now (a clean stop) so another replica takes over at once."""
+        now = utcnow()
+        with self._lock:
+            held = dict(self._held)
+            self._held.clear()
+        with self.store.write() as session:
+            for name, lease in held.items():
+                session.execute(
+                    update(Lease)
+                    .where(
+                        Lease.name == name,
+                        Lease.holder == self.replica_id,
+                        Lease.token == lease.token,
+                    )
+                    .values(expires_at=now)
+                )
+            replica = session.get(Replica, self.replica_id)
+            if replica is not None:
+                replica.stopped_at = now
+                replica.seen_at = now
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _hung(self, name: str, now: datetime) -> bool:
+        with self._lock:
+            since = self._busy_since.get(name)
+        return since is not None and now - since > self.hang
+
+    def _let_go(self, name: str, why: str) -> None:
+        with self._lock:
+            held = self._held.pop(name, None)
+        if held is not None:
+            log.warning("replica %s gives up the %s lease: %s", self.replica_id, name, why)
+
+    def _renew_or_take(self, name: str, now: datetime) -> Held | None:
+        expires = now + self.ttl
+        with self.store.write() as session:
+            lease = session.execute(
+                select(Lease).where(Lease.name == name).with_for_update()
+            ).scalar_one_or_none()
+            if lease is None:
+                session.add(
+                    Lease(
+                        name=name,
+                        holder=self.replica_id,
+                        token=1,
+                        acquired_at=now,
+                        expires_at=expires,
+                    )
+                )
+                return Held(1, expires)
+            mine = lease.holder == self.replica_id
+            with self._lock:
+                known = self._held.get(name)
+            if mine and known is not None and known.token == lease.token:
+                lease.expires_at = expires
+                return Held(lease.token, expires)
+            free = (
+                lease.holder is None
+                or lease.expires_at is None
+                or lease.expires_at <= now
+                or self._died_here(session, lease.holder)
+            )
+            if not free:
+                return None
+            # Taking over, from another replica or from an earlier life of this one (whose
+            # passes, if any are still running, must be fenced off): a new token either way.
+            lease.holder = self.replica_id
+            lease.token += 1
+            lease.acquired_at = now
+            lease.expires_at = expires
+            return Held(lease.token, expires)
+
+    def _died_here(self, session: Session, holder: str) -> bool:
+        """Whether ``holder`` was a replica on this host whose process is gone.
+
+        Its lease need not run out: a restarted ``ffdl up`` takes its loops back at once.
+        (Should the pid be another process's by now, the lease just runs out first.)
+        """
+        replica = session.get(Replica, holder)
+        if replica is None or replica.host != socket.gethostname():
+            return False
+        if replica.pid == os.getpid():
+            return False
+        try:
+            os.kill(replica.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def _register(self, now: datetime) -> None:
+        with self.store.write() as session:
+            replica = session.get(Replica, self.replica_id)
+            if replica is None:
+                session.add(
+                    Replica(
+                        id=self.replica_id,
+                        url=self.url,
+                        host=socket.gethostname(),
+                        pid=os.getpid(),
+                        version=self.version,
+                        started_at=self.started_at,
+                        seen_at=now,
+                    )
+                )
+            else:
+                replica.seen_at = now
+
+
+def describe(session: Session, *, now: datetime, alive_within: timedelta) -> dict[str, Any]:
+    """Replicas (recently seen ones first) and who holds each lease, for ``ffdl status``."""
+    replicas = session.scalars(select(Replica).order_by(Replica.started_at)).all()
+    leases = session.scalars(select(Lease).order_by(Lease.name)).all()
+    return {
+        "replicas": [
+            {
+                "id": r.id,
+                "url": r.url,
+                "host": r.host,
+                "pid": r.pid,
+                "version": r.version,
+                "started_at": r.started_at.isoformat() + "Z",
+                "seen_at": r.seen_at.isoformat() + "Z",
+                "alive": r.stopped_at is None and now - r.seen_at <= alive_within,
+                "leads": sorted(
+                    lease.name
+                    for lease in leases
+                    if lease.holder == r.id and lease.expires_at and lease.expires_at > now
+                ),
+            }
+            for r in replicas
+        ],
+        "leases": [
+            {
+                "name": lease.name,
+                "holder": lease.holder
+                if lease.expires_at is not None and lease.expires_at > now
+                else None,
+                "token": lease.token,
+                "expires_at": lease.expires_at.isoformat() + "Z" if lease.expires_at else None,
+            }
+            for lease in leases
+        ],
+    }
+
+
+def live_replica_urls(session: Session, *, now: datetime, alive_within: timedelta) -> list[str]:
+    """The addresses of the replicas seen lately, oldest first (learners fail over to them)."""
+    rows = session.scalars(
+        select(Replica.url)
+        .where(Replica.stopped_at.is_(None), Replica.seen_at >= now - alive_within)
+        .order_by(Replica.started_at)
+    ).all()
+    return list(dict.fromkeys(rows))
+
+
+def ensure_fence_held(store: Store) -> None:
+    """Raise ``LeaseLost`` now if the current pass's fence no longer holds.
+
+    For side effects outside the database (starting a learner): a commit is checked anyway,
+    but a process started by a deposed holder could not be taken back.
+    """
+    if _FENCE.get() is None:
+        return
+    with store.read() as session:
+        check_fence(session)

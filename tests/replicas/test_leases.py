@@ -1,0 +1,142 @@
+"""Loop leases on SQLite and PostgreSQL: one holder at a time, takeover, fencing, hand-over;
+and the status gate's compare-and-set between two transactions."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ffdl.core.errors import LeaseLost, StatusChanged
+from ffdl.core.status import JobStatus
+from ffdl.server.leases import LOOPS, LeaseKeeper, fenced
+from ffdl.server.store.db import Store
+from ffdl.server.store.models import Event, Job, Lease, Replica, Tenant
+from ffdl.server.store.transitions import set_job_status, utcnow
+from tests.integration.live import wait_for
+from tests.server.factories import DATABASES, make_job, make_store
+
+
+def keeper(store: Store, name: str, *, ttl_s: float = 30.0, hang_s: float = 60.0) -> LeaseKeeper:
+    return LeaseKeeper(
+        store,
+        replica_id=name,
+        url=f"http://127.0.0.1/{name}",
+        version="test",
+        ttl_s=ttl_s,
+        hang_s=hang_s,
+    )
+
+
+@pytest.fixture(params=DATABASES)
+def store(tmp_path: Path, request: pytest.FixtureRequest) -> Store:
+    return make_store(tmp_path, request.param)
+
+
+def test_one_replica_runs_every_loop_and_the_others_wait(store: Store) -> None:
+    a, b = keeper(store, "a"), keeper(store, "b")
+    assert sorted(a.tick()) == sorted(LOOPS)
+    assert b.tick() == []
+    for name in LOOPS:
+        assert a.fence(name) is not None
+        assert b.fence(name) is None
+    assert a.tick() == [], "renewing takes nothing new"
+    with store.read() as session:
+        assert {lease.holder for lease in session.query(Lease)} == {"a"}
+        assert {replica.id for replica in session.query(Replica)} == {"a", "b"}
+
+
+def test_a_lease_left_to_expire_moves_with_a_new_token(store: Store) -> None:
+    a, b = keeper(store, "a", ttl_s=0.3), keeper(store, "b", ttl_s=0.3)
+    a.tick()
+    old = a.fence("lcm")
+    assert old is not None and old.token == 1
+    # a stops renewing (dead or frozen): b takes over once the lease runs out.
+    taken = wait_for(b.tick, timeout=10, interval=0.05, what="b takes the expired leases")
+    assert sorted(taken) == sorted(LOOPS)
+    new = b.fence("lcm")
+    assert new is not None and new.token == 2
+    assert a.fence("lcm") is None, "a's own clock says its lease ran out"
+    assert a.tick() == [] and b.tick() == []
+
+
+def test_a_deposed_holders_writes_are_refused_and_roll_back(store: Store) -> None:
+    a, b = keeper(store, "a", ttl_s=0.3), keeper(store, "b", ttl_s=0.3)
+    a.tick()
+    stale = a.fence("scheduler")
+    assert stale is not None
+    wait_for(b.tick, timeout=10, interval=0.05, what="b takes over")
+    with pytest.raises(LeaseLost, match="moved to b"), fenced(stale), store.write() as session:
+        session.add(Tenant(id="late", name="written by a", created_at=utcnow()))
+    current = b.fence("scheduler")
+    assert current is not None
+    with fenced(current), store.write() as session:
+        session.add(Tenant(id="fresh", name="written by b", created_at=utcnow()))
+    with store.read() as session:
+        assert session.get(Tenant, "late") is None
+        assert session.get(Tenant, "fresh") is not None
+
+
+def test_a_hung_loop_gives_its_lease_up_and_keeps_the_others(store: Store) -> None:
+    a = keeper(store, "a", ttl_s=0.3, hang_s=0.2)
+    b = keeper(store, "b", ttl_s=0.3, hang_s=0.2)
+    a.tick()
+    a.pass_started("lcm")  # and never ends
+
+    def let_go() -> bool:
+        a.tick()
+        return "lcm" not in a.held()
+
+    wait_for(let_go, timeout=10, interval=0.05, what="a lets the lcm lease go")
+    assert "scheduler" in a.held()
+    taken = wait_for(b.tick, timeout=10, interval=0.05, what="b takes the lcm lease")
+    assert taken == ["lcm"]
+
+
+def test_a_clean_stop_hands_every_lease_over_at_once(store: Store) -> None:
+    a, b = keeper(store, "a"), keeper(store, "b")
+    a.tick()
+    a.release()
+    assert sorted(b.tick()) == sorted(LOOPS), "no wait for the 30 s leases to run out"
+    with store.read() as session:
+        replica = session.get(Replica, "a")
+        assert replica is not None and replica.stopped_at is not None
+
+
+def test_a_replica_whose_process_died_on_this_host_is_taken_over_at_once(store: Store) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = keeper(store, "dead")
+    dead.tick()
+    with store.write() as session:
+        replica = session.get(Replica, "dead")
+        assert replica is not None
+        replica.pid = gone.pid
+    b = keeper(store, "b")
+    assert sorted(b.tick()) == sorted(LOOPS), "the dead process's 30 s leases are not waited out"
+
+
+def test_two_transactions_cannot_both_move_a_job_from_the_same_status(tmp_path: Path) -> None:
+    """Two replicas read a QUEUED job and both try to place it: the second one's
+    transaction is refused, whichever commits first (PostgreSQL, where they really overlap)."""
+    store = make_store(tmp_path, "postgresql")
+    job_id = make_job(store)
+    first, second = Session(store.engine), Session(store.engine)
+    try:
+        job_one, job_two = first.get(Job, job_id), second.get(Job, job_id)
+        assert job_one is not None and job_two is not None
+        assert job_one.status == job_two.status == "QUEUED"
+        set_job_status(first, job_one, JobStatus.PENDING, "placed by one")
+        first.commit()
+        with pytest.raises(StatusChanged, match="from QUEUED to PENDING"):
+            set_job_status(second, job_two, JobStatus.PENDING, "placed by two")
+        second.rollback()
+    finally:
+        first.close()
+        second.close()
+    with store.read() as session:
+        events = session.scalars(select(Event.reason).where(Event.job_id == job_id)).all()
+    assert list(events) == ["placed by one"]

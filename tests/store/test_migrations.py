@@ -1,0 +1,438 @@
+"""Schema migrations on real databases (a SQLite file and the session's PostgreSQL): the
+models agree with the head revision, a store made at the first revision keeps every row up
+to head, databases from before migrations are adopted, newer ones are refused untouched,
+and replicas starting together upgrade once."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import MetaData, Table, insert, inspect, select, text
+
+from ffdl.server.settings import Settings
+from ffdl.server.store.db import DatabaseDriverMissing, DatabaseUnreachable, Store
+from ffdl.server.store.models import Base, Job, Lease, Metric, Replica
+from ffdl.server.store.schema import (
+    INITIAL_REVISION,
+    INITIAL_TABLES,
+    SchemaTooNew,
+    SchemaUnadoptable,
+    current_revision,
+    head_revision,
+    state,
+    upgrade,
+)
+from tests.postgres import free_port
+from tests.server.factories import database_url, on_both_databases
+
+AT = datetime(2024, 5, 6, 7, 8, 9, 123456)  # naive UTC, with microseconds
+MANIFEST = {"name": "mnist", "learners": 2, "framework": {"name": "custom", "command": "x"}}
+
+# One or more rows for every table of the first revision, as plain column values (the
+# tables are read from the database, so this keeps working when the models move on).
+FIRST_REVISION_ROWS: dict[str, list[dict[str, Any]]] = {
+    "tenants": [
+        {"id": "t1", "name": "Team one", "max_gpus": 8, "created_at": AT},
+        {"id": "t2", "name": "Team two", "created_at": AT},
+    ],
+    "users": [
+        {"id": "t1.ada", "tenant_id": "t1", "name": "ada", "role": "admin", "created_at": AT},
+        {
+            "id": "t2.bob",
+            "tenant_id": "t2",
+            "name": "bob",
+            "role": "member",
+            "created_at": AT,
+            "password_hash": "$argon2id$v=19$m=65536,t=3,p=4$abc$def",
+        },
+    ],
+    "api_tokens": [
+        {
+            "token_hash": "a" * 64,
+            "user_id": "t1.ada",
+            "created_at": AT,
+            "id": "tok1",
+            "name": "ci",
+            "expires_at": AT,
+            "last_used_at": AT,
+        },
+    ],
+    "audit_events": [
+        {
+            "actor_user_id": "t1.ada",
+            "actor_tenant_id": "t1",
+            "action": "token.create",
+            "target": "tok1",
+            "tenant_id": "t1",
+            "detail": "",
+            "created_at": AT,
+        },
+    ],
+    "jobs": [
+        {
+            "id": "training-one",
+            "tenant_id": "t1",
+            "user_id": "t1.ada",
+            "name": "mnist",
+            "description": "",
+            "manifest": MANIFEST,
+            "status": "PROCESSING",
+            "reason": "training",
+            "priority": 50,
+            "learners": 2,
+            "gpus": 1,
+            "cpus": 1.5,
+            "memory_mb": 512,
+            "placement": [{"node": "a", "gpus": [0]}],
+            "attempt": 1,
+            "elastic": True,
+            "rescale_target": {"gpus": 4},
+            "restarts": 0,
+            "submitted_at": AT,
+            "started_at": AT,
+            "status_changed_at": AT,
+            "idempotency_key": "k1",
+        },
+        {
+            "id": "training-two",
+            "tenant_id": "t2",
+            "user_id": "t2.bob",
+            "name": "other",
+            "description": "d",
+            "manifest": {"name": "other"},
+            "status": "QUEUED",
+            "reason": "",
+            "priority": 10,
+            "learners": 1,
+            "gpus": 0,
+            "cpus": 1.0,
+            "memory_mb": 256,
+            "attempt": 0,
+            "elastic": False,
+            "submitted_at": AT,
+            "status_changed_at": AT,
+        },
+    ],
+    "deploy_steps": [{"job_id": "training-one", "attempt": 1, "step": "staged", "done_at": AT}],
+    "events": [
+        {
+            "job_id": "training-one",
+            "from_status": None,
+            "to_status": "QUEUED",
+            "reason": "",
+            "created_at": AT,
+        },
+        {
+            "job_id": "training-one",
+            "learner": 1,
+            "from_status": "PENDING",
+            "to_status": "PROCESSING",
+            "reason": "up",
+            "created_at": AT,
+        },
+    ],
+    "learners": [
+        {
+            "job_id": "training-one",
+            "index": i,
+            "attempt": 1,
+            "status": "PROCESSING",
+            "node": "a",
+            "gpu_ids": [i - 1],
+            "handle": {"pid": 100 + i},
+            "reason": "",
+            "report_seq": 7,
+            "last_heartbeat": AT,
+            "updated_at": AT,
+        }
+        for i in (1, 2)
+    ],
+    "node_states": [{"name": "a", "drained": True, "reason": "maintenance", "changed_at": AT}],
+    "log_lines": [
+        {
+            "job_id": "training-one",
+            "learner": 1,
+            "attempt": 1,
+            "seq": i,
+            "stream": "stdout",
+            "text": f"line {i} ✓",
+            "time": 1715000000.25 + i,
+        }
+        for i in range(1, 4)
+    ],
+    "metrics": [
+        {
+            "job_id": "training-one",
+            "learner": 1,
+            "attempt": 1,
+            "seq": i,
+            "group": "train",
+            "iteration": i,
+            "values": {"loss": 1.0 / i, "acc": 0.5},
+            "time": 1715000000.5,
+        }
+        for i in range(1, 3)
+    ],
+    "webhook_endpoints": [
+        {
+            "job_id": "training-one",
+            "event_type": "status",
+            "endpoint_id": "e1",
+            "url": "https://example.invalid/hook",
+            "secret_sealed": "sealed",
+            "cursor": 1,
+            "attempts": 0,
+            "delivered": 1,
+            "given_up": 0,
+            "created_at": AT,
+            "updated_at": AT,
+        },
+    ],
+}
+
+
+def _tables(store: Store, names: tuple[str, ...] | list[str]) -> dict[str, Table]:
+    metadata = MetaData()
+    with store.engine.connect() as conn:
+        return {name: Table(name, metadata, autoload_with=conn) for name in names}
+
+
+def _fill(store: Store) -> None:
+    tables = _tables(store, INITIAL_TABLES)
+    with store.engine.begin() as conn:
+        for name in INITIAL_TABLES:
+            for row in FIRST_REVISION_ROWS[name]:
+                conn.execute(insert(tables[name]).values(row))
+
+
+def _rows(
+    store: Store, names: tuple[str, ...] | list[str] = INITIAL_TABLES
+) -> dict[str, list[dict[str, Any]]]:
+    """Every row of these tables, in a stable order."""
+    tables = _tables(store, names)
+    with store.engine.connect() as conn:
+        return {
+            name: [
+                dict(row)
+                for row in conn.execute(
+                    select(table).order_by(*table.primary_key.columns)
+                ).mappings()
+            ]
+            for name, table in tables.items()
+        }
+
+
+def _differences(store: Store) -> list[Any]:
+    with store.engine.connect() as conn:
+        return list(compare_metadata(MigrationContext.configure(conn), Base.metadata))
+
+
+@on_both_databases
+def test_the_models_and_the_head_migration_agree(tmp_path: Path, database: str) -> None:
+    """A model changed without a migration (or the reverse) fails here."""
+    store = Store(database_url(tmp_path, database))
+    try:
+        assert upgrade(store) == ["0001", "0002"]
+        assert _differences(store) == []
+        # The comparison sees a change: a column the migrations never made.
+        with store.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE jobs ADD COLUMN stray INTEGER"))
+        assert [diff[0] for diff in _differences(store)] == ["remove_column"]
+    finally:
+        store.dispose()
+
+
+@on_both_databases
+def test_a_store_made_at_the_first_revision_keeps_every_row_up_to_head(
+    tmp_path: Path, database: str
+) -> None:
+    store = Store(database_url(tmp_path, database))
+    try:
+        assert upgrade(store, INITIAL_REVISION) == [INITIAL_REVISION]
+        assert set(inspect(store.engine).get_table_names()) == {*INITIAL_TABLES, "alembic_version"}
+        _fill(store)
+        before = _rows(store)
+        assert {name: len(rows) for name, rows in before.items()} == {
+            name: len(rows) for name, rows in FIRST_REVISION_ROWS.items()
+        }
+
+        assert upgrade(store) == ["0002"]
+        assert current_revision(store) == head_revision()
+        assert _rows(store) == before
+
+        # The values come back as written: JSON as JSON, naive UTC times to the microsecond.
+        with store.read() as session:
+            job = session.get(Job, "training-one")
+            assert job is not None
+            assert job.manifest == MANIFEST and job.rescale_target == {"gpus": 4}
+            assert job.placement == [{"node": "a", "gpus": [0]}] and job.elastic is True
+            assert job.submitted_at == AT and job.submitted_at.tzinfo is None
+            metric = session.scalars(select(Metric).order_by(Metric.seq)).first()
+            assert metric is not None and metric.values == {"loss": 1.0, "acc": 0.5}
+        # The new tables work.
+        with store.write() as session:
+            session.add(Lease(name="scheduler", holder="r1", token=1, expires_at=AT))
+            session.add(
+                Replica(
+                    id="r1",
+                    url="http://127.0.0.1:1",
+                    host="h",
+                    pid=1,
+                    version="0.1.0",
+                    started_at=AT,
+                    seen_at=AT,
+                )
+            )
+        with store.read() as session:
+            lease = session.get(Lease, "scheduler")
+            assert lease is not None and lease.token == 1 and lease.expires_at == AT
+            assert session.get(Replica, "r1") is not None
+        assert upgrade(store) == []
+    finally:
+        store.dispose()
+
+
+def test_a_database_from_before_migrations_is_adopted_with_nothing_lost(
+    tmp_path: Path,
+) -> None:
+    """As ``create_all`` made it: here a release that lacked ``jobs.runtime`` and the
+    ``webhook_endpoints`` table."""
+    older = [name for name in INITIAL_TABLES if name != "webhook_endpoints"]
+    store = Store(f"sqlite:///{tmp_path / 'ffdl.db'}")
+    try:
+        Base.metadata.create_all(
+            store.engine, tables=[Base.metadata.tables[name] for name in older]
+        )
+        with store.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE jobs DROP COLUMN runtime"))
+        tables = _tables(store, older)
+        with store.engine.begin() as conn:
+            for name in older:
+                for row in FIRST_REVISION_ROWS[name]:
+                    conn.execute(insert(tables[name]).values(row))
+        before = _rows(store, older)
+        assert all(before.values())
+        schema = state(store)
+        assert schema.unversioned and schema.current is None and schema.pending == ["0002"]
+
+        assert upgrade(store) == ["0002"]
+
+        assert current_revision(store) == head_revision()
+        assert _differences(store) == []
+        after = _rows(store, older)
+        for row in after["jobs"]:
+            assert row.pop("runtime") is None
+        assert after == before
+        assert upgrade(store) == []
+    finally:
+        store.dispose()
+
+
+def test_an_unversioned_database_with_later_tables_is_refused(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'ffdl.db'}")
+    try:
+        Base.metadata.create_all(store.engine)
+        with pytest.raises(SchemaUnadoptable, match="leases, replicas"):
+            upgrade(store)
+        assert current_revision(store) is None
+    finally:
+        store.dispose()
+
+
+@on_both_databases
+def test_a_newer_schema_is_refused_and_left_unchanged(tmp_path: Path, database: str) -> None:
+    store = Store(database_url(tmp_path, database))
+    try:
+        upgrade(store, INITIAL_REVISION)
+        _fill(store)
+        with store.engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = '0999'"))
+        before = _rows(store)
+        tables = set(inspect(store.engine).get_table_names())
+
+        with pytest.raises(SchemaTooNew) as refused:
+            upgrade(store)
+        assert str(refused.value).startswith("the database's schema (")
+        assert "is at revision 0999, newer than this ffdl knows (head 0002): upgrade ffdl" in (
+            str(refused.value)
+        )
+        assert current_revision(store) == "0999"
+        assert set(inspect(store.engine).get_table_names()) == tables
+        assert _rows(store) == before
+        schema = state(store)
+        assert not schema.known and schema.pending == []
+
+        # What `ffdl up` does first: it refuses the same way, before touching anything.
+        from ffdl.server.app import build_platform
+
+        settings = Settings(home=tmp_path / "home", database_url=store.url)
+        with pytest.raises(SchemaTooNew, match="revision 0999"):
+            build_platform(settings)
+        assert current_revision(store) == "0999"
+    finally:
+        store.dispose()
+
+
+@on_both_databases
+def test_replicas_starting_together_upgrade_once(tmp_path: Path, database: str) -> None:
+    url = database_url(tmp_path, database)
+    stores = [Store(url) for _ in range(4)]
+    results: list[list[str]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(stores))
+
+    def run(store: Store) -> None:
+        start.wait()
+        try:
+            results.append(upgrade(store))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(store,), daemon=True) for store in stores]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not [thread for thread in threads if thread.is_alive()], "an upgrade hung"
+        assert errors == []
+        assert sorted(results) == [[], [], [], ["0001", "0002"]]
+        assert current_revision(stores[0]) == head_revision()
+    finally:
+        for store in stores:
+            store.dispose()
+
+
+def test_an_unreachable_server_is_named_without_the_password() -> None:
+    port = free_port()
+    store = Store(f"postgresql+psycopg://ffdl:s3cret-pw@127.0.0.1:{port}/ffdl")
+    try:
+        with pytest.raises(DatabaseUnreachable) as unreachable:
+            upgrade(store)
+        message = str(unreachable.value)
+        assert message.startswith(f"database unreachable at 127.0.0.1:{port}: ")
+        assert "s3cret-pw" not in message
+    finally:
+        store.dispose()
+
+
+def test_a_postgresql_url_without_psycopg_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "psycopg", None)
+    with pytest.raises(DatabaseDriverMissing) as missing:
+        Store("postgresql+psycopg://ffdl:s3cret-pw@db.example:5432/ffdl")
+    message = str(missing.value)
+    assert "pip install 'ffdl[postgres]'" in message and "s3cret-pw" not in message
+    assert "postgresql+psycopg://ffdl:***@db.example:5432/ffdl" in message
+
+
+def test_an_unsupported_url_is_refused() -> None:
+    with pytest.raises(ValueError, match="unsupported database URL mysql://u:\\*\\*\\*@h/d"):
+        Store("mysql://u:pw@h/d")
