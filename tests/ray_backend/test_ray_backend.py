@@ -168,14 +168,17 @@ def test_the_talk_gang_scenario_runs_two_whole_gangs_on_two_nodes(
             return models if len(placed) == 2 else None
 
         models = wait_for(two_placed, timeout=90, interval=0.1, what="two gangs placed")
+        placed = [m["model_id"] for m in models if views.status(m) in PLACED]
         for model in models:
-            if views.status(model) in PLACED:
-                assert len(model["learners"]) == 4
-                assert set(_learner_nodes(model)) <= {"a", "b"}
-            elif views.status(model) == "QUEUED":
+            if views.status(model) == "QUEUED":
                 assert not model["learners"], "partial placement"
             else:
-                assert views.status(model) == "COMPLETED", model
+                assert model["model_id"] in placed or views.status(model) == "COMPLETED", model
+        # Each placed gang starts whole, on the two undrained nodes.
+        for job_id in placed:
+            model = platform.wait_status(job_id, {"PROCESSING", "STORING", "COMPLETED"}, 90)
+            assert len(model["learners"]) == 4, model["learners"]
+            assert set(_learner_nodes(model)) <= {"a", "b"}
         for job_id in ids:
             platform.wait_status(job_id, {"COMPLETED"}, timeout=180)
     finally:

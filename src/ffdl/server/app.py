@@ -59,18 +59,25 @@ class FfdlApp(FastAPI):
         return without_validation_422(super().openapi())
 
 
-def build_platform(settings: Settings, backend: Backend | None = None) -> Platform:
-    settings.home.mkdir(parents=True, exist_ok=True)
-    settings.jobs_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(settings.db_url)
+def prepare_home(settings: Settings, store: Store) -> bytes:
+    """What every start does once before serving: the home's directories, the schema
+    migrated, the administrator and client config, the secret (returned)."""
     from ffdl.server.store.schema import upgrade as upgrade_schema
 
+    settings.home.mkdir(parents=True, exist_ok=True)
+    settings.jobs_dir.mkdir(parents=True, exist_ok=True)
     applied = upgrade_schema(store)
     if applied:
         log.info("database %s: schema migrated to %s", store.address, " -> ".join(applied))
     bootstrap(store, settings)
     secret = load_or_create_secret(settings.home)
     secure_home(settings)
+    return secret
+
+
+def build_platform(settings: Settings, backend: Backend | None = None) -> Platform:
+    store = Store(settings.db_url)
+    secret = prepare_home(settings, store)
     return Platform(
         settings=settings,
         store=store,

@@ -185,15 +185,22 @@ class LeaseKeeper:
     # -- one round ----------------------------------------------------------------------------
 
     def tick(self) -> list[str]:
-        """Register this replica, renew held leases, take free ones; the names newly taken."""
+        """Register this replica, renew held leases, take free ones; the names newly taken.
+
+        One transaction for the whole round: a replica costs the database one commit per
+        third of ``lease_ttl_s``, whatever the number of loops.
+        """
         now = utcnow()
-        self._register(now)
+        outcome: dict[str, Held | None] = {}
+        with self.store.write() as session:
+            self._register(session, now)
+            for name in self.names:
+                if self._hung(name, now):
+                    self._let_go(name, f"its {name} pass has run since {self._busy_since[name]}")
+                    continue
+                outcome[name] = self._renew_or_take(session, name, now)
         taken: list[str] = []
-        for name in self.names:
-            if self._hung(name, now):
-                self._let_go(name, f"its {name} pass has run since {self._busy_since[name]}")
-                continue
-            held = self._renew_or_take(name, now)
+        for name, held in outcome.items():
             with self._lock:
                 before = self._held.get(name)
                 if held is None:
@@ -242,44 +249,43 @@ class LeaseKeeper:
         if held is not None:
             log.warning("replica %s gives up the %s lease: %s", self.replica_id, name, why)
 
-    def _renew_or_take(self, name: str, now: datetime) -> Held | None:
+    def _renew_or_take(self, session: Session, name: str, now: datetime) -> Held | None:
         expires = now + self.ttl
-        with self.store.write() as session:
-            lease = session.execute(
-                select(Lease).where(Lease.name == name).with_for_update()
-            ).scalar_one_or_none()
-            if lease is None:
-                session.add(
-                    Lease(
-                        name=name,
-                        holder=self.replica_id,
-                        token=1,
-                        acquired_at=now,
-                        expires_at=expires,
-                    )
+        lease = session.execute(
+            select(Lease).where(Lease.name == name).with_for_update()
+        ).scalar_one_or_none()
+        if lease is None:
+            session.add(
+                Lease(
+                    name=name,
+                    holder=self.replica_id,
+                    token=1,
+                    acquired_at=now,
+                    expires_at=expires,
                 )
-                return Held(1, expires)
-            mine = lease.holder == self.replica_id
-            with self._lock:
-                known = self._held.get(name)
-            if mine and known is not None and known.token == lease.token:
-                lease.expires_at = expires
-                return Held(lease.token, expires)
-            free = (
-                lease.holder is None
-                or lease.expires_at is None
-                or lease.expires_at <= now
-                or self._died_here(session, lease.holder)
             )
-            if not free:
-                return None
-            # Taking over, from another replica or from an earlier life of this one (whose
-            # passes, if any are still running, must be fenced off): a new token either way.
-            lease.holder = self.replica_id
-            lease.token += 1
-            lease.acquired_at = now
+            return Held(1, expires)
+        mine = lease.holder == self.replica_id
+        with self._lock:
+            known = self._held.get(name)
+        if mine and known is not None and known.token == lease.token:
             lease.expires_at = expires
             return Held(lease.token, expires)
+        free = (
+            lease.holder is None
+            or lease.expires_at is None
+            or lease.expires_at <= now
+            or self._died_here(session, lease.holder)
+        )
+        if not free:
+            return None
+        # Taking over, from another replica or from an earlier life of this one (whose
+        # passes, if any are still running, must be fenced off): a new token either way.
+        lease.holder = self.replica_id
+        lease.token += 1
+        lease.acquired_at = now
+        lease.expires_at = expires
+        return Held(lease.token, expires)
 
     def _died_here(self, session: Session, holder: str) -> bool:
         """Whether ``holder`` was a replica on this host whose process is gone.
@@ -300,23 +306,22 @@ class LeaseKeeper:
             return False
         return False
 
-    def _register(self, now: datetime) -> None:
-        with self.store.write() as session:
-            replica = session.get(Replica, self.replica_id)
-            if replica is None:
-                session.add(
-                    Replica(
-                        id=self.replica_id,
-                        url=self.url,
-                        host=socket.gethostname(),
-                        pid=os.getpid(),
-                        version=self.version,
-                        started_at=self.started_at,
-                        seen_at=now,
-                    )
+    def _register(self, session: Session, now: datetime) -> None:
+        replica = session.get(Replica, self.replica_id)
+        if replica is None:
+            session.add(
+                Replica(
+                    id=self.replica_id,
+                    url=self.url,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    version=self.version,
+                    started_at=self.started_at,
+                    seen_at=now,
                 )
-            else:
-                replica.seen_at = now
+            )
+        else:
+            replica.seen_at = now
 
 
 def describe(session: Session, *, now: datetime, alive_within: timedelta) -> dict[str, Any]:

@@ -36,8 +36,6 @@ from gunicorn.errors import AppImportError  # type: ignore[import-untyped]
 
 from ffdl.backends.base import BackendConfigError, BackendUnavailable
 from ffdl.backends.local import SandboxUnavailable
-from ffdl.server.auth import bootstrap, load_or_create_secret
-from ffdl.server.home import secure_home
 from ffdl.server.pool.counters import LoadMiddleware, Publisher, WorkerCounters
 from ffdl.server.pool.files import STATE_FILE, clear, remove, run_dir, worker_file, write_json
 from ffdl.server.pool.policy import Change, Policy, PoolState, decide
@@ -55,20 +53,13 @@ KEPT_CHANGES = 50
 def prepare(settings: Settings) -> None:
     """Migrate the schema, create the administrator, the client config and the secret, once
     and before any worker starts; nothing of it stays open across the forks."""
-    from ffdl.server.store.schema import upgrade
+    from ffdl.server.app import prepare_home
 
-    settings.home.mkdir(parents=True, exist_ok=True)
-    settings.jobs_dir.mkdir(parents=True, exist_ok=True)
     store = Store(settings.db_url)
     try:
-        applied = upgrade(store)
-        if applied:
-            log.info("database %s: schema migrated to %s", store.address, " -> ".join(applied))
-        bootstrap(store, settings)
+        prepare_home(settings, store)
     finally:
         store.dispose()
-    load_or_create_secret(settings.home)
-    secure_home(settings)
 
 
 class Controller:
