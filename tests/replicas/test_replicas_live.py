@@ -16,6 +16,7 @@ from ffdl.server.leases import LOOPS
 from tests.integration import views
 from tests.integration.live import FAST_CONFIG, LiveServer, wait_for
 from tests.integration.steps_job import steps_job
+from tests.integration.test_cli import ffdl
 from tests.postgres import PostgresServer
 
 REPLICA_CONFIG = {**FAST_CONFIG, "lease_ttl_s": 1.5}
@@ -90,6 +91,14 @@ def test_every_replica_serves_one_leads_each_loop_and_a_rolling_restart_loses_no
     after = control_plane(replicas[0])
     assert sum(1 for r in after["replicas"] if r["alive"]) == 3
     assert sum(1 for r in after["replicas"] if not r["alive"]) == 3, "the stopped ones"
+    # What an operator reads: every replica, up or gone, and who runs each loop.
+    shown = ffdl(replicas[2], "--url", replicas[2].url, "status")
+    assert shown.returncode == 0, shown.stderr
+    rows = shown.stdout.splitlines()
+    assert sum(" up " in row for row in rows) == 3 and sum(" gone " in row for row in rows) == 3
+    leaders = {lease["name"]: lease["holder"] for lease in control_plane(replicas[2])["leases"]}
+    for loop, holder in leaders.items():
+        assert any(loop in row and holder in row for row in rows), (loop, shown.stdout)
 
 
 def test_killing_the_leader_hands_the_loops_over_and_loses_nothing(
