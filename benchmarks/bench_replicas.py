@@ -121,6 +121,8 @@ def failover(database_url: str, tmp: Path, how: signal.Signals) -> list[float]:
             pid = victim.proc.pid
             t0 = time.perf_counter()
             os.kill(pid, how)
+            if how == signal.SIGKILL:
+                victim.proc.wait()  # reaped at once, as by a supervisor (else a zombie)
 
             def led_again(others: list[LiveServer] = others, gone: str | None = holder) -> bool:
                 held = leases(others[0])
@@ -132,7 +134,6 @@ def failover(database_url: str, tmp: Path, how: signal.Signals) -> list[float]:
                 os.kill(pid, signal.SIGCONT)
                 victim.stop()
             else:
-                victim.proc.wait()
                 victim.proc = None
             victim.start()
     finally:
