@@ -21,18 +21,13 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from _server import percentile, wait_for
+from bench_api import seed_jobs
 from tests.integration.live import FAST_CONFIG
 from tests.pool.load import LoadGenerator, Outcome, PoolServer
-
-from ffdl.server.store.db import Store
-from ffdl.server.store.models import Job
-from ffdl.server.store.schema import upgrade
-from ffdl.server.store.transitions import utcnow
 
 MIN, MAX = 1, 3
 LIGHT, HEAVY = 2, 24
@@ -67,37 +62,6 @@ class Run:
         return area / max(self.workers[-1][0] - self.workers[0][0], 1e-9)
 
 
-def seed(home: Path) -> None:
-    store = Store(f"sqlite:///{home / 'ffdl.db'}")
-    upgrade(store)
-    base = utcnow() - timedelta(days=1)
-    with store.write() as session:
-        for i in range(JOBS):
-            at = base + timedelta(seconds=i)
-            session.add(
-                Job(
-                    id=f"training-pool{i:05d}",
-                    tenant_id="default",
-                    user_id="admin",
-                    name=f"seed-{i}",
-                    manifest={"name": f"seed-{i}", "framework": {"name": "custom"}},
-                    status="COMPLETED",
-                    reason="completed",
-                    learners=1,
-                    gpus=1,
-                    cpus=1.0,
-                    memory_mb=256,
-                    submitted_at=at,
-                    started_at=at,
-                    finished_at=at,
-                    status_changed_at=at,
-                    attempt=1,
-                    exit_code=0,
-                )
-            )
-    store.dispose()
-
-
 def children(pid: int) -> int:
     try:
         return len(Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
@@ -110,7 +74,7 @@ def run(name: str, workers: str, tmp: Path) -> Run:
     server = PoolServer(home=home, config={**FAST_CONFIG, **POLICY}, workers=workers)
     server.start()  # once, to create the store and the administrator
     server.stop()
-    seed(home)
+    seed_jobs(f"sqlite:///{home / 'ffdl.db'}", JOBS)
     server.start()
     try:
         assert server.proc is not None

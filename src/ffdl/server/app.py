@@ -15,8 +15,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from ffdl.backends.base import Backend
+from ffdl.backends.base import Backend, BackendConfigError, BackendUnavailable
 from ffdl.backends.factory import open_backend
+from ffdl.backends.local import SandboxUnavailable
 from ffdl.core.errors import FfdlError, error_body
 from ffdl.server.auth import JobTokens, bootstrap, load_or_create_secret
 from ffdl.server.credentials import CredentialVault
@@ -47,7 +48,7 @@ from ffdl.server.routers import (
 from ffdl.server.routers.health import ffdl_version
 from ffdl.server.routers.responses import without_validation_422
 from ffdl.server.settings import Settings
-from ffdl.server.store.db import Store
+from ffdl.server.store.db import Store, StoreUnavailable
 
 log = logging.getLogger("ffdl.server")
 
@@ -57,6 +58,17 @@ class FfdlApp(FastAPI):
 
     def openapi(self) -> dict[str, Any]:
         return without_validation_422(super().openapi())
+
+
+# What ``create_app`` raises for a configuration or an environment it cannot start with;
+# ``ffdl up`` reports them in one line.
+STARTUP_ERRORS: tuple[type[Exception], ...] = (
+    SandboxUnavailable,
+    BackendConfigError,
+    BackendUnavailable,
+    StoreUnavailable,
+    ValueError,
+)
 
 
 def prepare_home(settings: Settings, store: Store) -> bytes:

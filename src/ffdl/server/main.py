@@ -10,9 +10,8 @@ from urllib.parse import urlsplit
 import uvicorn
 from pydantic import ValidationError
 
-from ffdl.backends.base import BackendConfigError, BackendUnavailable
-from ffdl.backends.local import NO_SANDBOX_WARNING, SandboxUnavailable
-from ffdl.server.app import create_app
+from ffdl.backends.local import NO_SANDBOX_WARNING
+from ffdl.server.app import STARTUP_ERRORS, create_app
 from ffdl.server.pool.config import pool_policy
 from ffdl.server.pool.policy import Policy
 from ffdl.server.settings import Settings
@@ -68,13 +67,7 @@ def serve(
         return
     try:
         app = create_app(settings)
-    except (
-        SandboxUnavailable,
-        BackendConfigError,
-        BackendUnavailable,
-        StoreUnavailable,
-        ValueError,
-    ) as exc:
+    except STARTUP_ERRORS as exc:
         raise SystemExit(f"ffdl: {exc}") from None
     log.info(
         "ffdl is up at %s (home %s); API docs at %s/docs",

@@ -34,15 +34,13 @@ from typing import Any
 from gunicorn.app.base import BaseApplication  # type: ignore[import-untyped]
 from gunicorn.errors import AppImportError  # type: ignore[import-untyped]
 
-from ffdl.backends.base import BackendConfigError, BackendUnavailable
-from ffdl.backends.local import SandboxUnavailable
 from ffdl.server.pool.counters import LoadMiddleware, Publisher, WorkerCounters
 from ffdl.server.pool.files import STATE_FILE, clear, remove, run_dir, worker_file, write_json
 from ffdl.server.pool.policy import Change, Policy, PoolState, decide
 from ffdl.server.pool.signals import LoadWindow, Measured, Sample, read_sample
 from ffdl.server.pool.worker import LIFESPAN_GRACE_S, PoolWorker
 from ffdl.server.settings import Settings
-from ffdl.server.store.db import Store, StoreUnavailable
+from ffdl.server.store.db import Store
 
 log = logging.getLogger("ffdl.server.pool")
 
@@ -237,18 +235,12 @@ class PoolApplication(BaseApplication):  # type: ignore[misc]
 
     def load(self) -> LoadMiddleware:
         """The worker's app (called in the worker, after the fork)."""
-        from ffdl.server.app import create_app
+        from ffdl.server.app import STARTUP_ERRORS, create_app
 
         counters = WorkerCounters()
         try:
             app = create_app(self.settings)
-        except (
-            SandboxUnavailable,
-            BackendConfigError,
-            BackendUnavailable,
-            StoreUnavailable,
-            ValueError,
-        ) as exc:
+        except STARTUP_ERRORS as exc:
             # gunicorn prints this and stops the whole pool, as one process would stop.
             raise AppImportError(f"ffdl: {exc}") from None
         Publisher(counters, worker_file(self.directory, os.getpid()), PUBLISH_INTERVAL_S).start()
