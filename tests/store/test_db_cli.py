@@ -10,7 +10,7 @@ from typer.testing import CliRunner, Result
 
 from ffdl.cli.main import app
 from ffdl.server.store.db import Store
-from ffdl.server.store.schema import current_revision, head_revision
+from ffdl.server.store.schema import current_revision, head_revision, script_directory
 from tests.postgres import PostgresServer
 
 
@@ -29,7 +29,8 @@ def test_upgrade_and_status_on_a_homes_sqlite_file(tmp_path: Path) -> None:
 
     first = ffdl("db", "upgrade", "--home", str(home))
     assert first.exit_code == 0, first.output
-    assert first.stdout.strip() == f"applied 0001 {head}; now at head {head}"
+    every = " ".join(reversed([script.revision for script in script_directory().walk_revisions()]))
+    assert first.stdout.strip() == f"applied {every}; now at head {head}"
     assert (home / "ffdl.db").is_file()
 
     again = ffdl("db", "upgrade", "--home", str(home))

@@ -1,5 +1,5 @@
 """The ORM schema (SQLAlchemy 2): tenants, users, tokens, jobs, learners, events, logs,
-metrics, and the replicas' loop leases.
+metrics, GPU samples and the cluster's history, and the replicas' loop leases.
 
 Status columns are written only by ``transitions.py``. Log lines and metrics carry the
 controller's per-attempt sequence number so that a retried report is never stored twice.
@@ -118,6 +118,20 @@ class Job(Base):
     runtime: Mapped[str | None] = mapped_column(String(200), default=None)
     queue_position: Mapped[int | None] = mapped_column(Integer, default=None)
     queue_eta_at: Mapped[float | None] = mapped_column(Float, default=None)  # epoch seconds
+    # The start time the queue first showed for this job (epoch seconds), kept after it
+    # starts so that a finished job can say how far its estimate was from its real start.
+    first_queue_eta_at: Mapped[float | None] = mapped_column(Float, default=None)
+    # How far a running job has come and when it should end, from what it reports
+    # (``ffdl.scheduler.remaining``); queued jobs' ETAs use ``estimated_end_at``.
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    estimated_end_at: Mapped[float | None] = mapped_column(Float, default=None)
+    # Measured GPU use over the job's life: the sample-time-weighted average utilisation in
+    # percent, the seconds it covers, since when (epoch seconds) its GPUs have been idle, and
+    # when that idleness was flagged as waste (an event and a metric).
+    gpu_util_avg: Mapped[float | None] = mapped_column(Float, default=None)
+    gpu_util_span_s: Mapped[float | None] = mapped_column(Float, default=None)
+    gpu_idle_since: Mapped[float | None] = mapped_column(Float, default=None)
+    gpu_idle_flagged_at: Mapped[float | None] = mapped_column(Float, default=None)
     # Automatic restarts (``services/restarts.py``): how many this run of the job has taken
     # (None in older databases: none), and the end of the back-off before the next attempt.
     restarts: Mapped[int | None] = mapped_column(Integer, default=0)
@@ -150,6 +164,13 @@ class Learner(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     report_seq: Mapped[int] = mapped_column(Integer, default=0)
     last_heartbeat: Mapped[datetime | None] = mapped_column(default=None)
+    # The learner's latest GPU sample: the mean utilisation (percent) of its GPUs, their
+    # memory in use (MiB) and power (W) summed, per GPU in ``gpu_stats``, and when.
+    gpu_util: Mapped[float | None] = mapped_column(Float, default=None)
+    gpu_memory_mb: Mapped[float | None] = mapped_column(Float, default=None)
+    gpu_power_w: Mapped[float | None] = mapped_column(Float, default=None)
+    gpu_stats: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
+    gpu_sampled_at: Mapped[float | None] = mapped_column(Float, default=None)
     updated_at: Mapped[datetime]
     __table_args__ = (UniqueConstraint("job_id", "index", "attempt"),)
 
@@ -214,6 +235,41 @@ class Metric(Base):
         Index("ix_metrics_job", "job_id", "id"),
         UniqueConstraint("job_id", "learner", "attempt", "seq"),
     )
+
+
+class GpuSample(Base):
+    """One learner's GPUs over ``span_s`` seconds ending at ``time``.
+
+    Controllers send a sample every few seconds; older ones are merged pairwise into longer
+    spans so that a long job keeps a bounded series (``ffdl.server.services.gpu_samples``).
+    """
+
+    __tablename__ = "gpu_samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    learner: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    node: Mapped[str] = mapped_column(String(200), default="")
+    time: Mapped[float] = mapped_column(Float)
+    span_s: Mapped[float] = mapped_column(Float)
+    util: Mapped[float] = mapped_column(Float)  # mean over the learner's GPUs, percent
+    memory_mb: Mapped[float] = mapped_column(Float)  # summed over its GPUs
+    power_w: Mapped[float | None] = mapped_column(Float, default=None)
+    gpus: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    __table_args__ = (Index("ix_gpu_samples_job", "job_id", "learner", "time"),)
+
+
+class ClusterSample(Base):
+    """The cluster at one moment: GPUs total, allocated and really busy, and the queue."""
+
+    __tablename__ = "cluster_samples"
+    time: Mapped[float] = mapped_column(Float, primary_key=True)
+    span_s: Mapped[float] = mapped_column(Float)
+    gpus_total: Mapped[int] = mapped_column(Integer)
+    gpus_allocated: Mapped[int] = mapped_column(Integer)
+    gpus_busy: Mapped[float] = mapped_column(Float)  # sum of utilisation / 100
+    queue_length: Mapped[int] = mapped_column(Integer)
+    running: Mapped[int] = mapped_column(Integer)
 
 
 class WebhookEndpoint(Base):

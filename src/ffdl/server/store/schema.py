@@ -45,7 +45,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Table, inspect, text
+from sqlalchemy import Connection, MetaData, Table, create_engine, inspect, text
 
 from ffdl.server.store.db import IMMEDIATE, Store, StoreUnavailable
 from ffdl.server.store.models import Base
@@ -241,11 +241,28 @@ def _adopt(conn: Connection) -> list[str]:
             f"{', '.join(sorted(later))}, which only later revisions create: it was made by "
             "a development build of ffdl; start over with an empty database"
         )
-    tables = [Base.metadata.tables[name] for name in INITIAL_TABLES]
-    Base.metadata.create_all(conn, tables=tables)
+    # Revision 0001's tables as its migration makes them, not as the models stand now: the
+    # columns later revisions add are theirs to add.
+    initial = initial_schema()
+    tables = [initial.tables[name] for name in INITIAL_TABLES]
+    initial.create_all(conn, tables=tables)
     added = add_missing_columns(conn, tables)
     MigrationContext.configure(conn).stamp(script_directory(), INITIAL_REVISION)
     return added
+
+
+@functools.cache
+def initial_schema() -> MetaData:
+    """The schema of revision 0001, read back from an in-memory SQLite database."""
+    engine = create_engine("sqlite://")
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), INITIAL_REVISION)
+            metadata = MetaData()
+            metadata.reflect(conn, only=list(INITIAL_TABLES))
+    finally:
+        engine.dispose()
+    return metadata
 
 
 def _check_foreign_keys(conn: Connection) -> None:
