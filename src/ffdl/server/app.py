@@ -39,6 +39,7 @@ from ffdl.server.routers import (
     health,
     internal,
     logs,
+    metrics,
     models,
     pool,
     stream,
@@ -49,6 +50,7 @@ from ffdl.server.routers.health import ffdl_version
 from ffdl.server.routers.responses import without_validation_422
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store, StoreUnavailable
+from ffdl.server.telemetry.middleware import RequestTiming
 
 log = logging.getLogger("ffdl.server")
 
@@ -188,10 +190,12 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         tokens,
         audit,
         internal,
+        metrics,
         dashboard,
     ):
         app.include_router(module.router)
     app.include_router(admin.users_router)
+    app.add_middleware(RequestTiming)
     _install_error_handlers(app)
     return app
 

@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     # under a lease of this length, renewed every third of it; a replica that stops
     # renewing (dead, frozen, or its loop hung for ``loop_hang_s``) loses it after that.
     lease_ttl_s: float = Field(default=3.0, gt=0)
+    # A bearer token that may read ``GET /metrics`` (every series) and nothing else: give it
+    # to Prometheus rather than a user's token. Unset: only users' tokens scrape.
+    metrics_token: str | None = Field(default=None, min_length=16)
     loop_hang_s: float = Field(default=120.0, gt=0)
 
     # Elastic API pool (``ffdl up --workers MIN..MAX``, ``ffdl.server.pool``): the API is

@@ -42,6 +42,7 @@ from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.services.snapshots import epoch
 from ffdl.server.store.models import Job, Metric
 from ffdl.server.store.transitions import set_job_status
+from ffdl.server.telemetry.instruments import OPTIMIZER_SECONDS, Timer
 
 # Scheduler intervals a newly queued elastic job is left to the scheduler (see above).
 QUEUED_GRACE_INTERVALS = 3
@@ -131,13 +132,14 @@ class AutoscalerLoop:
             if demand > free and queued_fixed.priority > min(running_elastic_priorities):
                 capacity -= demand
         settings = platform.settings
-        decisions = autoscale(
-            candidates,
-            capacity,
-            restart_penalty=settings.restart_penalty,
-            fairness_after_s=settings.fairness_after_s,
-            gpus_per_node=max((n.gpus for n in nodes), default=1) or 1,
-        )
+        with Timer(OPTIMIZER_SECONDS.observe):
+            decisions = autoscale(
+                candidates,
+                capacity,
+                restart_penalty=settings.restart_penalty,
+                fairness_after_s=settings.fairness_after_s,
+                gpus_per_node=max((n.gpus for n in nodes), default=1) or 1,
+            )
         if decisions:
             self._apply(decisions)
         live = {job.id for job in jobs}

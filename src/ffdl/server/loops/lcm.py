@@ -59,6 +59,7 @@ from ffdl.server.services.stores import (
 )
 from ffdl.server.store.models import DeployStep, Job, Learner
 from ffdl.server.store.transitions import set_job_status, set_learner_status, utcnow
+from ffdl.server.telemetry.instruments import DEPLOY_SECONDS, Timer
 
 log = logging.getLogger("ffdl.lcm")
 
@@ -134,6 +135,11 @@ def _record_step(platform: Platform, job_id: str, attempt: int, step: str) -> No
 
 
 def deploy(platform: Platform, job_id: str) -> None:
+    with Timer(DEPLOY_SECONDS.observe):
+        _deploy(platform, job_id)
+
+
+def _deploy(platform: Platform, job_id: str) -> None:
     with platform.store.read() as session:
         job = session.get(Job, job_id)
         if job is None or job.status != JobStatus.PENDING.value:

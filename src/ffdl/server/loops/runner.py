@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from ffdl.core.errors import LeaseLost
 from ffdl.server.leases import LeaseKeeper, reset_fence, set_fence
 from ffdl.server.platform import Wakeups
+from ffdl.server.telemetry.instruments import LOOP_PASS_SECONDS
 
 log = logging.getLogger("ffdl.loops")
 
@@ -55,6 +57,7 @@ async def run_pass(name: str, step: Callable[[], object], keeper: LeaseKeeper | 
         keeper.pass_started(name)
     # The worker thread runs in a copy of this task's context: it sees the fence.
     token = set_fence(fence)
+    started = time.perf_counter()
     try:
         await asyncio.to_thread(step)
     except asyncio.CancelledError:
@@ -64,6 +67,7 @@ async def run_pass(name: str, step: Callable[[], object], keeper: LeaseKeeper | 
     except Exception:
         log.exception("%s pass failed", name)
     finally:
+        LOOP_PASS_SECONDS.labels(name).observe(time.perf_counter() - started)
         reset_fence(token)
         if keeper is not None:
             keeper.pass_ended(name)

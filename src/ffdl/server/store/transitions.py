@@ -30,6 +30,7 @@ from ffdl.core.status import (
 )
 from ffdl.server.credentials import erase_manifest_secrets
 from ffdl.server.store.models import Event, Job, Learner
+from ffdl.server.telemetry.instruments import record_transition
 
 
 def utcnow() -> datetime:
@@ -57,6 +58,20 @@ def set_job_status(
     check_job_transition(current, target, via)
     _compare_and_lock(session, job, f"job {job.id}")
     now = utcnow()
+    record_transition(
+        session,
+        tenant=job.tenant_id,
+        from_status=current.value,
+        to_status=target.value,
+        now=now,
+        submitted_at=job.submitted_at,
+        queued_since=job.status_changed_at,
+        first_start=target == JobStatus.PROCESSING and job.started_at is None,
+        # The scheduler's mark on a victim (``loops.scheduler.PREEMPTED``).
+        preempted=job.desired == "preempt",
+        restart=via == Via.RESTART,
+        error_code=error_code if error_code is not None else job.error_code,
+    )
     job.status = target.value
     job.reason = reason
     job.status_changed_at = now

@@ -1,5 +1,6 @@
 """Observability: jobs' progress, ETAs and GPU use; learners' latest GPU sample; the
-``gpu_samples`` series and the ``cluster_samples`` history.
+``gpu_samples`` series and the ``cluster_samples`` history; jobs indexed by tenant and
+status for ``/metrics``.
 
 Revision ID: 0003
 Revises: 0002
@@ -41,6 +42,7 @@ def upgrade() -> None:
     with op.batch_alter_table("learners") as batch:
         for column in _LEARNER_COLUMNS:
             batch.add_column(column)
+    op.create_index("ix_jobs_tenant_status", "jobs", ["tenant_id", "status"])
     op.create_table(
         "gpu_samples",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
@@ -75,6 +77,7 @@ def downgrade() -> None:
     op.drop_table("cluster_samples")
     op.drop_index("ix_gpu_samples_job", table_name="gpu_samples")
     op.drop_table("gpu_samples")
+    op.drop_index("ix_jobs_tenant_status", table_name="jobs")
     with op.batch_alter_table("learners") as batch:
         for column in reversed(_LEARNER_COLUMNS):
             batch.drop_column(column.name)

@@ -1,0 +1,1 @@
+"""Prometheus metrics: what each process observes and what the store holds."""
