@@ -150,6 +150,8 @@ def job_ops() -> list[Op]:
     hidden = (404, 404, 200)
     return [
         Op("GET", "/health", (200, 200, 200)),
+        # Every role scrapes; a member's answer holds only its tenant's series.
+        Op("GET", "/metrics", (200, 200, 200)),
         # The public dashboard: the same for everyone (no asset is called {name} here).
         Op("GET", "/", (200, 200, 200)),
         Op("GET", "/static/{name}", (404, 404, 404)),

@@ -38,6 +38,7 @@ from ffdl.cli.records import emetrics_command, follow_lines, loglines_command, l
 from ffdl.cli.render import error_text, model_panel, models_table, status_change_text
 from ffdl.cli.simulate import simulate_command
 from ffdl.cli.tokens import audit_command, token_app
+from ffdl.cli.top import top_command
 from ffdl.cli.users import user_app
 from ffdl.client.config import ConfigError
 from ffdl.client.http import ApiError
@@ -408,6 +409,7 @@ app.command("emetrics")(emetrics_command)
 app.command("demo")(demo_command)
 app.command("nodes")(nodes_command)
 app.command("queue")(queue_command)
+app.command("top")(top_command)
 app.command("status")(status_command)
 app.command("simulate")(simulate_command)
 app.command("drain")(drain_command)

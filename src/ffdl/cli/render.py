@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -71,28 +72,84 @@ def error_text(code: str, message: str) -> Text:
 
 
 def models_table(models: Sequence[dict[str, Any]], total: int | None = None) -> Table:
-    table = Table(title=None if total is None else f"{len(models)} of {total} models")
+    """Most telling columns first, fitting 80 columns: no vertical rules, short headers and
+    times; only the id never wraps, and the rest fold rather than end in an ellipsis."""
+    table = Table(
+        title=None if total is None else f"{len(models)} of {total} models",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
     table.add_column("ID", no_wrap=True)
-    table.add_column("Name")
-    table.add_column("Status", no_wrap=True)
-    table.add_column("Submitted", no_wrap=True)
-    table.add_column("Priority", justify="right")
-    table.add_column(f"Learners{TIMES}GPUs", justify="right", no_wrap=True)
+    for name, justify in (
+        ("Status", "left"),
+        ("Progress", "left"),
+        (f"L{TIMES}G", "right"),
+        ("Submitted", "left"),
+        ("Name", "left"),
+    ):
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for model in models:
         training = model.get("training") or {}
         status = _dig(training, "training_status", "status")
         table.add_row(
             _text(model.get("model_id")),
-            _text(model.get("name")),
             status_cell(status),
-            format_time(
+            progress_text(model) or "-",
+            f"{_text(training.get('learners'))}{TIMES}{_text(training.get('gpus'))}",
+            short_time(
                 _dig(training, "training_status", "submitted_at")
                 or _dig(training, "training_status", "submitted")
             ),
-            _text(model.get("priority")),
-            f"{_text(training.get('learners'))}{TIMES}{_text(training.get('gpus'))}",
+            _text(model.get("name")),
         )
     return table
+
+
+def short_time(value: Any) -> str:
+    """An ISO 8601 stamp in local time: ``HH:MM:SS`` today, else ``MM-DD HH:MM``."""
+    if not value:
+        return "-"
+    try:
+        stamp = datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone()
+    except ValueError:
+        return str(value)
+    if stamp.date() == datetime.now().astimezone().date():
+        return stamp.strftime("%H:%M:%S")
+    return stamp.strftime("%m-%d %H:%M")
+
+
+def duration_text(seconds: Any) -> str:
+    """``45s``, ``12m 05s``, ``3h 20m``, ``2d 04h``; ``-`` when unknown."""
+    if not isinstance(seconds, int | float) or seconds < 0:
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d {whole % 86400 // 3600:02d}h"
+
+
+def progress_text(model: dict[str, Any]) -> str | None:
+    """A running job's ``42% 3m 10s left``; a queued job's ``#2 ETA 5m``."""
+    queue = model.get("queue")
+    if isinstance(queue, dict):
+        eta = queue.get("eta_s")
+        when = f" ETA {duration_text(eta)}" if eta is not None else ""
+        return f"#{_text(queue.get('position'))}{when}"
+    progress = model.get("progress")
+    if not isinstance(progress, dict):
+        return None
+    parts = []
+    if isinstance(progress.get("fraction"), int | float):
+        parts.append(f"{progress['fraction']:.0%}")
+    elif progress.get("step") is not None:
+        parts.append(f"step {progress['step']}")
+    if progress.get("remaining_s") is not None:
+        parts.append(f"{duration_text(progress['remaining_s'])} left")
+    return " ".join(parts) or None
 
 
 def _queue_text(queue: Any) -> str | None:
@@ -104,6 +161,39 @@ def _queue_text(queue: Any) -> str | None:
     if queue.get("reason"):
         parts.append(str(queue["reason"]))
     return ", ".join(parts)
+
+
+def _progress_fact(progress: Any) -> str | None:
+    if not isinstance(progress, dict):
+        return None
+    parts = []
+    for count, total, unit in (
+        ("step", "total_steps", "steps"),
+        ("samples", "total_samples", "samples"),
+        ("epoch", "total_epochs", "epochs"),
+    ):
+        if progress.get(count) is not None:
+            of = f" of {progress[total]}" if progress.get(total) else ""
+            parts.append(f"{progress[count]}{of} {unit}")
+    if isinstance(progress.get("fraction"), int | float):
+        parts.append(f"{progress['fraction']:.0%}")
+    if isinstance(progress.get("samples_per_s"), int | float):
+        parts.append(f"{progress['samples_per_s']:.1f} samples/s")
+    if progress.get("remaining_s") is not None:
+        end = format_time(progress.get("estimated_end_at"))
+        parts.append(f"{duration_text(progress['remaining_s'])} left (ends about {end})")
+    return ", ".join(parts) or None
+
+
+def _start_estimate_text(estimate: Any) -> str | None:
+    if not isinstance(estimate, dict) or not isinstance(estimate.get("error_s"), int | float):
+        return None
+    error = float(estimate["error_s"])
+    side = "later" if error > 0 else "earlier"
+    return (
+        f"started {duration_text(abs(error))} {side} than first estimated "
+        f"({format_time(estimate.get('first_eta_at'))})"
+    )
 
 
 def _placement_text(placement: Any) -> str | None:
@@ -213,6 +303,8 @@ def model_panel(model: dict[str, Any]) -> Panel:
     ):
         fact(label, format_time(status_info.get(f"{key}_at") or status_info.get(key)))
     fact("Queue", _queue_text(model.get("queue")))
+    fact("Progress", _progress_fact(model.get("progress")))
+    fact("Start vs ETA", _start_estimate_text(model.get("start_estimate")))
     fact("Placement", _placement_text(model.get("placement")))
     fact("Learners", _learners_text(model.get("learners")))
     results = model.get("results") or {}

@@ -33,6 +33,7 @@ from ffdl.core.limits import (
     metric_value_problem,
     time_problem,
 )
+from ffdl.core.progress import PROGRESS_KEYS
 
 DEFAULT_GROUP = "train"
 # The file FfDL's learners appended their evaluation metrics to, in $LOG_DIR.
@@ -162,10 +163,11 @@ def parse_emetrics_line(line: str) -> EMetric:
         iteration = int(raw_iteration)
     if isinstance(document.get("values"), dict):
         values = _numeric_values(document["values"], skip=set())
-        # The SDK reports the cumulative sample count beside the values; the platform
-        # measures a job's throughput from it.
-        samples = {"samples": document.get("samples")}
-        values.update(_numeric_values(samples, skip=set()))
+        # The SDK reports progress beside the values (``ffdl.core.progress``): the
+        # cumulative sample count, the epoch and the totals a job declares; the platform
+        # measures throughput and estimates the time left from them.
+        progress = {key: document.get(key) for key in sorted(PROGRESS_KEYS)}
+        values.update(_numeric_values(progress, skip=set()))
     else:
         values = _numeric_values(document, skip={"group", "time", iteration_key or ""})
     if not values:

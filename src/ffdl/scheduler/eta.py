@@ -1,7 +1,8 @@
 """Looking ahead in time: the head job's reservation and every queued job's ETA.
 
-Owns two projections from expected end times (a running job ends at ``started_at +
-expected_duration_s``, else ``+ typical_duration_s``, else at an unknown time):
+Owns two projections from expected end times (a running job ends when its reported progress
+says, ``estimated_end_at``; else at ``started_at + expected_duration_s``, else
+``+ typical_duration_s``, else at an unknown time):
 
 - ``reserve``: the earliest time the blocked head of the queue fits, found by releasing
   running jobs node by node in order of expected end and, at each end time, placing the

@@ -317,8 +317,7 @@ class _Pass:
             self._running_holding = []
             for running in self.snap.running:
                 if running.id not in self.victims:
-                    duration = running.expected_duration_s or typical
-                    end = None if duration is None else running.started_at + duration
+                    end = running.expected_end(typical)
                     nodes = [lp.node for lp in running.placement.learners]
                     self._running_holding.append((running.id, running.per_learner, end, nodes))
         holding = list(self._running_holding)

@@ -90,9 +90,7 @@ class QuotaBook:
         self._answers: dict[tuple[str, int], tuple[float | None, str]] = {}
         for job in running:
             if job.tenant in quotas:
-                duration = job.expected_duration_s or typical_duration_s
-                end = None if duration is None else job.started_at + duration
-                self.charge(job.tenant, job.total.gpus, end)
+                self.charge(job.tenant, job.total.gpus, job.expected_end(typical_duration_s))
 
     def charge(self, tenant: str, gpus: int, end: float | None) -> None:
         """Count a job against its tenant (only tenants with a quota are tracked)."""

@@ -42,10 +42,19 @@ class RunningJob:
     placement: Placement
     expected_duration_s: float | None = None
     preemptible: bool = True
+    # The end its own progress points to (``ffdl.core.progress``), when it reports any.
+    estimated_end_at: float | None = None
 
     @property
     def total(self) -> Resources:
         return self.per_learner.scaled(self.learners)
+
+    def expected_end(self, typical_duration_s: float | None) -> float | None:
+        """When it should end: from its progress, else its declared or a typical duration."""
+        if self.estimated_end_at is not None:
+            return self.estimated_end_at
+        duration = self.expected_duration_s or typical_duration_s
+        return None if duration is None else self.started_at + duration
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,15 +62,33 @@ def report(
     samples: int | None = None,
     *,
     group: str = "train",
+    total_steps: int | None = None,
+    total_samples: int | None = None,
+    epoch: int | None = None,
+    total_epochs: int | None = None,
     **metrics: float,
 ) -> None:
     """Append one metrics line for ``group`` at ``step`` (and/or after ``samples`` samples).
 
-    Raises ``ValueError`` naming the metric when a value is non-numeric or not finite;
-    nothing is written then. Safe to call from several threads: lines never interleave.
+    Declaring a total (``total_steps``, ``total_samples`` or ``total_epochs``, once is
+    enough) lets the platform show the job's progress and estimate its time left.
+
+    Raises ``ValueError`` naming the metric or argument when a value is non-numeric, not
+    finite or a negative count; nothing is written then. Safe to call from several
+    threads: lines never interleave.
     """
     iteration = _optional_count("step", step)
     sample_count = _optional_count("samples", samples)
+    progress = {
+        name: count
+        for name, value in (
+            ("total_steps", total_steps),
+            ("total_samples", total_samples),
+            ("epoch", epoch),
+            ("total_epochs", total_epochs),
+        )
+        if (count := _optional_count(name, value)) is not None
+    }
     if not isinstance(group, str) or not group:
         raise ValueError(f"group must be a non-empty string, got {group!r}")
     values = {name: _metric_value(name, value) for name, value in metrics.items()}
@@ -79,6 +97,7 @@ def report(
         "group": group,
         "iteration": iteration,
         "samples": sample_count,
+        **progress,
         "values": values,
     }
     line = json.dumps(record, allow_nan=False) + "\n"

@@ -20,7 +20,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import Table, bindparam, func, select, update
 
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.scheduler.policy import schedule
@@ -57,6 +57,7 @@ _COLUMNS = (
     Job.placement,
     Job.elastic,
     Job.not_before,
+    Job.estimated_end_at,
 )
 
 QueueInfo = tuple[int | None, str, float | None]
@@ -157,6 +158,10 @@ class SchedulerLoop:
                         queue_position=bindparam("b_position"),
                         reason=bindparam("b_reason"),
                         queue_eta_at=bindparam("b_eta_at"),
+                        # The first ETA shown is kept, to be held against the real start.
+                        first_queue_eta_at=func.coalesce(
+                            table.c.first_queue_eta_at, bindparam("b_eta_at")
+                        ),
                     ),
                     updates,
                 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ffdl.server.routers.deps import PlatformDep, api_token
+from ffdl.server.routers.deps import PlatformDep, api_token, basic_auth
 from ffdl.server.routers.responses import errors
 from ffdl.server.telemetry.exposition import render, scrape_scope
 
@@ -22,8 +22,8 @@ router = APIRouter(tags=["metrics"])
         },
         **errors(401),
     },
-    # Documents the bearer token; ``scrape_scope`` checks it.
-    dependencies=[Depends(api_token)],
+    # Document the credentials; ``scrape_scope`` checks them.
+    dependencies=[Depends(api_token), Depends(basic_auth)],
 )
 def prometheus_metrics(request: Request, platform: PlatformDep) -> Response:
     """Every series the caller may see: a platform admin's token or the configured scrape

@@ -23,6 +23,7 @@ from ffdl.core.manifest import redact_secrets
 from ffdl.core.status import RUNNING_JOB_STATES, TERMINAL_JOB_STATES, JobStatus
 from ffdl.server.auth import Principal
 from ffdl.server.services.logs import metric_data
+from ffdl.server.services.progress import progress_view, start_estimate
 from ffdl.server.services.restarts import max_restarts
 from ffdl.server.store.models import Event, Job, Learner, Metric
 
@@ -186,6 +187,10 @@ def model_summary(job: Job) -> dict[str, Any]:
         "priority": job.priority,
         "placement": job.placement or [],
         "queue": queue,
+        # ffdl's additions: how far it has come and when it should end, and how far the
+        # first start time the queue showed was from its real start.
+        "progress": progress_view(job, datetime.now(UTC).timestamp()),
+        "start_estimate": start_estimate(job),
         "results": {
             "location": job.results_location,
             "download": f"/v1/models/{job.id}/trained_model",

@@ -41,6 +41,7 @@ from ffdl.core.limits import (
     metric_value_problem,
     time_problem,
 )
+from ffdl.core.progress import Report
 from ffdl.core.status import (
     TERMINAL_LEARNER_STATES,
     JobStatus,
@@ -50,6 +51,7 @@ from ffdl.core.status import (
 )
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job
+from ffdl.server.services.progress import record_progress
 from ffdl.server.services.queries import current_learners
 from ffdl.server.store.models import Job, Learner, LogLine, Metric
 from ffdl.server.store.transitions import set_learner_status, utcnow
@@ -145,6 +147,7 @@ def ingest_reports(
         learner.last_heartbeat = utcnow()
         logs: list[dict[str, Any]] = []
         metrics: list[dict[str, Any]] = []
+        progress: list[Report] = []
         for entry in fresh:
             item = entry.item
             if item is None or entry.problem is not None:
@@ -156,6 +159,7 @@ def ingest_reports(
                 logs.append(_log_row(job_id, learner_index, batch.attempt, item))
             elif item.type == "emetric":
                 metrics.append(_metric_row(job_id, learner_index, batch.attempt, item))
+                progress.append(Report.from_values(item.time, item.iteration, item.values))
             else:
                 # Keep row order: flush pending lines before a status so a follower never
                 # sees COMPLETED ahead of the last lines.
@@ -166,6 +170,7 @@ def ingest_reports(
                     row = _warning_row(job_id, learner_index, batch.attempt, item.seq, warning)
                     logs.append(row)
         _flush(session, logs, metrics)
+        record_progress(job, learner_index, batch.attempt, progress)
         if fresh:
             learner.report_seq = fresh[-1].seq
         if status_changed:

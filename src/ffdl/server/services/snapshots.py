@@ -57,6 +57,7 @@ def running_job(row: Any) -> RunningJob:
         per_learner=Resources(row.gpus, row.cpus, row.memory_mb),
         placement=Placement.from_json(row.placement or []),
         expected_duration_s=row.expected_duration_s,
+        estimated_end_at=row.estimated_end_at,
         # Elastic jobs are shrunk by the autoscaler to make room, never preempted.
         preemptible=not row.elastic,
     )

@@ -12,6 +12,7 @@ left out then.
 
 from __future__ import annotations
 
+import time
 from collections import Counter as Tally
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import and_, func, select
 
+from ffdl.core.progress import remaining_now
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.server.platform import Platform
 from ffdl.server.services.nodes import effective_nodes
@@ -172,6 +174,7 @@ class StoreCollector(Collector):
             "GPUs a job holds now (all its learners).",
             labels=["tenant", "job"],
         )
+        now = time.time()
         for row in snapshot.holding:
             labels = [row.tenant_id, row.id]
             gpus.add_metric(labels, row.gpus * len(row.placement or []))
@@ -180,8 +183,9 @@ class StoreCollector(Collector):
             state = row.progress or {}
             if state.get("fraction") is not None:
                 progress.add_metric(labels, float(state["fraction"]))
-            if state.get("remaining_s") is not None:
-                remaining.add_metric(labels, float(state["remaining_s"]))
+            left = remaining_now(state, now)
+            if left is not None:
+                remaining.add_metric(labels, left)
             if state.get("samples_rate") is not None:
                 throughput.add_metric(labels, float(state["samples_rate"]))
         yield from (gpus, idle, progress, remaining, throughput)
