@@ -30,8 +30,9 @@ def nodes_command(ctx: typer.Context) -> None:
     with client_of(ctx) as client:
         body = client.nodes()
     table = Table(title="Nodes")
-    for column in ("node", "GPUs used", "CPUs used", "memory used", "type", "labels", "GPU: job"):
-        table.add_column(column)
+    columns = ("node", "GPUs used", "GPUs busy", "CPUs used", "memory used", "type", "labels")
+    for column in (*columns, "GPU: job"):
+        table.add_column(column, overflow="fold")
     for node in body.get("nodes") or []:
         used = node.get("used") or {}
         labels = ", ".join(f"{k}={v}" for k, v in (node.get("labels") or {}).items())
@@ -39,6 +40,7 @@ def nodes_command(ctx: typer.Context) -> None:
         table.add_row(
             name,
             f"{used.get('gpus', 0)}/{node.get('gpus')}",
+            "-" if node.get("gpus_busy") is None else f"{node['gpus_busy']:g}",
             f"{used.get('cpus', 0):g}/{node.get('cpus'):g}",
             f"{used.get('memory', 0)}/{node.get('memory')} MiB",
             str(node.get("gpu_type") or ""),

@@ -185,6 +185,19 @@ def _progress_fact(progress: Any) -> str | None:
     return ", ".join(parts) or None
 
 
+def _gpu_use_text(use: Any) -> str | None:
+    if not isinstance(use, dict) or not isinstance(use.get("average"), int | float):
+        return None
+    text = f"{use['average']:.0f}% average over {duration_text(use.get('measured_s'))}"
+    if isinstance(use.get("latest"), int | float):
+        text += f", {use['latest']:.0f}% now"
+    if isinstance(use.get("memory_mb"), int | float):
+        text += f", {use['memory_mb']:.0f} MiB"
+    if use.get("idle_flagged"):
+        text += " (flagged: GPUs idle)"
+    return text
+
+
 def _start_estimate_text(estimate: Any) -> str | None:
     if not isinstance(estimate, dict) or not isinstance(estimate.get("error_s"), int | float):
         return None
@@ -304,6 +317,7 @@ def model_panel(model: dict[str, Any]) -> Panel:
         fact(label, format_time(status_info.get(f"{key}_at") or status_info.get(key)))
     fact("Queue", _queue_text(model.get("queue")))
     fact("Progress", _progress_fact(model.get("progress")))
+    fact("GPU use", _gpu_use_text(model.get("gpu_utilization")))
     fact("Start vs ETA", _start_estimate_text(model.get("start_estimate")))
     fact("Placement", _placement_text(model.get("placement")))
     fact("Learners", _learners_text(model.get("learners")))

@@ -28,6 +28,7 @@ from types import FrameType
 from ffdl.core.status import ErrorCode, LearnerStatus
 from ffdl.learner import metrics, runtime, sandbox, staging
 from ffdl.learner.cgroups import LearnerCgroup
+from ffdl.learner.gpu_sampler import GpuSampler, visible_indexes
 from ffdl.learner.metric_sources import MetricSources
 from ffdl.learner.output import OUTPUT_RECORD, OutputReaders, OutputRecord, TrainingLog
 from ffdl.learner.processes import descendants, group_members
@@ -354,7 +355,17 @@ class Controller:
         )
         readers.start()
         self._start_checkpoint_sync()
-        exit_code, acted_on, request = self._supervise(child)
+        gpus = GpuSampler(
+            visible_indexes(self.spec.env.get("CUDA_VISIBLE_DEVICES")),
+            self.spec.gpu_sample_s or 0.0,
+            self.reporter.gpu,
+            library=self.spec.nvml_library,
+        )
+        gpus.start()
+        try:
+            exit_code, acted_on, request = self._supervise(child)
+        finally:
+            gpus.stop()
         logger.info("command exited with %d", exit_code)
         if self._checkpoint_sync is not None:
             self._checkpoint_sync.stop()

@@ -176,6 +176,10 @@ class Reporter:
             "emetric", {"group": group, "iteration": iteration, "values": values}, at=at
         )
 
+    def gpu(self, gpus: list[dict[str, float | int | None]]) -> int:
+        """One sample of the learner's GPUs (``ffdl.learner.gpu_sampler``)."""
+        return self._add("gpu", {"gpus": gpus})
+
     def _add(self, kind: str, fields: dict[str, Any], at: float | None = None) -> int:
         item = {"type": kind, "time": time.time() if at is None else at}
         item.update(fields)

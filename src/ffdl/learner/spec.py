@@ -115,6 +115,10 @@ class LearnerSpec:
     # The other control-plane replicas' addresses: reports fail over to them, in this
     # order, while ``api_url`` cannot be reached.
     fallback_urls: list[str] = field(default_factory=list)
+    # Sample the learner's GPUs through NVML this often (None or 0: never), loading
+    # ``nvml_library`` first when given (``ffdl.learner.gpu_sampler``).
+    gpu_sample_s: float | None = None
+    nvml_library: str | None = None
 
 
 def learner_log_dir(spec: LearnerSpec) -> str | None:
@@ -356,6 +360,8 @@ def spec_from_dict(document: dict[str, Any]) -> LearnerSpec:
         checkpoint_store=_object_location(document.get("checkpoint_store"), "checkpoint_store"),
         checkpoint_sync_s=_optional_number(document, "checkpoint_sync_s"),
         fallback_urls=_urls(document, "fallback_urls"),
+        gpu_sample_s=_optional_number(document, "gpu_sample_s"),
+        nvml_library=_optional_str(document, "nvml_library"),
     )
 
 

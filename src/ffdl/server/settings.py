@@ -86,6 +86,17 @@ class Settings(BaseSettings):
     # under a lease of this length, renewed every third of it; a replica that stops
     # renewing (dead, frozen, or its loop hung for ``loop_hang_s``) loses it after that.
     lease_ttl_s: float = Field(default=3.0, gt=0)
+    # GPU use, measured (``ffdl.learner.gpu_sampler``, ``services/gpu_samples.py``): each
+    # learner's GPUs are sampled through NVML every ``gpu_sample_s`` (0: never), loading
+    # ``nvml_library`` first when set. A job's series keeps ``gpu_samples_kept`` rows per
+    # learner, older ones merged into longer spans. A job whose GPUs all stay under
+    # ``gpu_idle_util`` percent for ``gpu_idle_after_s`` is flagged as leaving them idle.
+    gpu_sample_s: float = Field(default=5.0, ge=0)
+    nvml_library: Path | None = None
+    gpu_samples_kept: int = Field(default=720, ge=16)
+    gpu_idle_util: float = Field(default=5.0, ge=0, le=100)
+    gpu_idle_after_s: float = Field(default=600.0, gt=0)
+
     # A bearer token that may read ``GET /metrics`` (every series) and nothing else: give it
     # to Prometheus rather than a user's token. Unset: only users' tokens scrape.
     metrics_token: str | None = Field(default=None, min_length=16)

@@ -364,6 +364,8 @@ def build_spec(
         halt_grace_s=settings.halt_grace_s,
         heartbeat_s=settings.heartbeat_s,
         report_deadline_s=settings.report_deadline_s,
+        gpu_sample_s=settings.gpu_sample_s if real_gpus else None,
+        nvml_library=None if settings.nvml_library is None else str(settings.nvml_library),
         runtime=runtime,
         log_dir=str(dirs.logs(learner)),
         results_store=results_store,

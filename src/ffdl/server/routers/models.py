@@ -22,6 +22,7 @@ from ffdl.server.routers.deps import PlatformDep, PrincipalDep
 from ffdl.server.routers.ffdl_params import FFDL_QUERY
 from ffdl.server.routers.responses import AUTHENTICATED, download, errors, header
 from ffdl.server.services import control
+from ffdl.server.services.gpu_samples import gpu_series
 from ffdl.server.services.queries import list_jobs, load_job, model_detail, model_summary
 from ffdl.server.services.submit import submit_job
 
@@ -116,6 +117,21 @@ def get_models(
 def get_model(platform: PlatformDep, principal: PrincipalDep, model_id: str) -> dict[str, Any]:
     with platform.store.read() as session:
         return model_detail(session, load_job(session, principal, model_id))
+
+
+@router.get("/{model_id}/gpu", responses=errors(400, 404))
+def get_model_gpu(
+    platform: PlatformDep,
+    principal: PrincipalDep,
+    model_id: str,
+    since: Annotated[
+        float | None, Query(description="only samples after this time (epoch seconds)")
+    ] = None,
+) -> dict[str, Any]:
+    """The job's GPU samples over time (each learner's mean utilisation, memory and power,
+    and per GPU), oldest first, and its average utilisation so far."""
+    with platform.store.read() as session:
+        return gpu_series(session, load_job(session, principal, model_id), since)
 
 
 @router.patch("/{model_id}", status_code=202, responses=errors(400, 404, 409))

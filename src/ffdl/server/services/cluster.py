@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, select
 
 from ffdl.core.resources import Placement, Resources
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
@@ -21,7 +21,7 @@ from ffdl.server.services import audit
 from ffdl.server.services.admin import require_platform_admin
 from ffdl.server.services.nodes import effective_nodes, set_drained
 from ffdl.server.services.queries import eta_text, iso
-from ffdl.server.store.models import Job
+from ffdl.server.store.models import Job, Learner
 from ffdl.server.store.transitions import utcnow
 
 IN_USE = "in use"
@@ -53,6 +53,15 @@ def cluster_view(platform: Platform, principal: Principal) -> dict[str, Any]:
                 Job.memory_mb,
             ).where(Job.status.in_(holding))
         ).all()
+        # Each current learner's latest GPU reading: how busy its node's GPUs really are.
+        readings = session.execute(
+            select(Learner.node, Learner.gpu_ids, Learner.gpu_util)
+            .join(Job, and_(Job.id == Learner.job_id, Job.attempt == Learner.attempt))
+            .where(Job.status.in_(holding), Learner.gpu_util.is_not(None))
+        ).all()
+    busy: dict[str, float] = {}
+    for node, gpu_ids, util in readings:
+        busy[node] = busy.get(node, 0.0) + len(gpu_ids or []) * float(util) / 100.0
     nodes = effective_nodes(platform)
     used = {n.name: Resources() for n in nodes}
     holders: dict[str, list[dict[str, Any]]] = {n.name: [] for n in nodes}
@@ -80,6 +89,9 @@ def cluster_view(platform: Platform, principal: Principal) -> dict[str, Any]:
                     "memory": used[n.name].memory_mb,
                 },
                 "holders": holders[n.name],
+                # GPUs really busy: the sum of its learners' latest utilisation, in GPUs;
+                # None until a learner on it has been sampled.
+                "gpus_busy": round(busy[n.name], 2) if n.name in busy else None,
             }
             for n in nodes
         ]

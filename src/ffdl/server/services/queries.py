@@ -22,6 +22,7 @@ from ffdl.core.errors import BadRequest, NotFound
 from ffdl.core.manifest import redact_secrets
 from ffdl.core.status import RUNNING_JOB_STATES, TERMINAL_JOB_STATES, JobStatus
 from ffdl.server.auth import Principal
+from ffdl.server.services.gpu_samples import gpu_utilization_view
 from ffdl.server.services.logs import metric_data
 from ffdl.server.services.progress import progress_view, start_estimate
 from ffdl.server.services.restarts import max_restarts
@@ -191,6 +192,7 @@ def model_summary(job: Job) -> dict[str, Any]:
         # first start time the queue showed was from its real start.
         "progress": progress_view(job, datetime.now(UTC).timestamp()),
         "start_estimate": start_estimate(job),
+        "gpu_utilization": gpu_utilization_view(job),
         "results": {
             "location": job.results_location,
             "download": f"/v1/models/{job.id}/trained_model",
@@ -209,6 +211,8 @@ def latest_metrics(session: Session, job: Job) -> list[dict[str, Any]]:
 def model_detail(session: Session, job: Job) -> dict[str, Any]:
     body = model_summary(job)
     body["metrics"] = latest_metrics(session, job)
+    learners = current_learners(session, job)
+    body["gpu_utilization"] = gpu_utilization_view(job, learners)
     body["learners"] = [
         {
             "learner": lr.index,
@@ -218,8 +222,10 @@ def model_detail(session: Session, job: Job) -> dict[str, Any]:
             "exit_code": lr.exit_code,
             "attempt": lr.attempt,
             "reason": lr.reason,
+            "gpu_util": lr.gpu_util,
+            "gpu_memory_mb": lr.gpu_memory_mb,
         }
-        for lr in current_learners(session, job)
+        for lr in learners
     ]
     events = session.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id)).all()
     body["attempts"] = job_attempts(events)
@@ -248,8 +254,8 @@ def job_attempts(events: Sequence[Event]) -> list[dict[str, Any]]:
     attempts: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
     for ev in events:
-        if ev.learner is not None:
-            continue
+        if ev.learner is not None or ev.from_status == ev.to_status:
+            continue  # a learner's event, or a note that changed no status
         target = JobStatus(ev.to_status)
         if target == JobStatus.PENDING:
             if current is not None:

@@ -1,4 +1,4 @@
-"""Ingesting controller reports: statuses, log lines, metrics and heartbeats.
+"""Ingesting controller reports: statuses, log lines, metrics, GPU samples and heartbeats.
 
 Each learner attempt numbers its report items 1, 2, 3, ... with no gaps, and the server
 keeps the last one applied (``report_seq``). That makes the stream checkable:
@@ -51,6 +51,7 @@ from ffdl.core.status import (
 )
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job
+from ffdl.server.services.gpu_samples import gpu_item_problem, record_gpu_samples
 from ffdl.server.services.progress import record_progress
 from ffdl.server.services.queries import current_learners
 from ffdl.server.store.models import Job, Learner, LogLine, Metric
@@ -68,7 +69,7 @@ class ReportItem(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    type: Literal["status", "log", "emetric"]
+    type: Literal["status", "log", "emetric", "gpu"]
     seq: int
     time: float
     status: str | None = Field(default=None, max_length=32)
@@ -80,6 +81,7 @@ class ReportItem(BaseModel):
     group: str = "train"
     iteration: int | None = None
     values: dict[str, float] = Field(default_factory=dict)
+    gpus: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ReportBatch(BaseModel):
@@ -148,6 +150,7 @@ def ingest_reports(
         logs: list[dict[str, Any]] = []
         metrics: list[dict[str, Any]] = []
         progress: list[Report] = []
+        gpu_readings: list[tuple[float, list[dict[str, Any]]]] = []
         for entry in fresh:
             item = entry.item
             if item is None or entry.problem is not None:
@@ -160,6 +163,8 @@ def ingest_reports(
             elif item.type == "emetric":
                 metrics.append(_metric_row(job_id, learner_index, batch.attempt, item))
                 progress.append(Report.from_values(item.time, item.iteration, item.values))
+            elif item.type == "gpu":
+                gpu_readings.append((item.time, item.gpus))
             else:
                 # Keep row order: flush pending lines before a status so a follower never
                 # sees COMPLETED ahead of the last lines.
@@ -171,6 +176,7 @@ def ingest_reports(
                     logs.append(row)
         _flush(session, logs, metrics)
         record_progress(job, learner_index, batch.attempt, progress)
+        record_gpu_samples(session, job, learner, gpu_readings, platform.settings)
         if fresh:
             learner.report_seq = fresh[-1].seq
         if status_changed:
@@ -208,7 +214,7 @@ def _parse_items(raw_items: list[dict[str, Any]]) -> list[_Parsed]:
                 detail={"field": f"items[{index}].seq"},
             )
         kind = raw.get("type")
-        kind_text = kind if kind in ("status", "log", "emetric") else "item"
+        kind_text = kind if kind in ("status", "log", "emetric", "gpu") else "item"
         try:
             item = ReportItem.model_validate(raw)
         except ValidationError as error:
@@ -244,6 +250,8 @@ def _item_problem(item: ReportItem) -> str | None:
         return problem
     if item.type == "log":
         return None
+    if item.type == "gpu":
+        return gpu_item_problem(item.gpus)
     if (problem := iteration_problem(item.iteration)) is not None:
         return problem
     if not item.values:

@@ -111,6 +111,21 @@ def set_job_status(
     return event
 
 
+def note_job_event(session: Session, job: Job, reason: str) -> Event:
+    """Record something that happened to ``job`` without changing its status (the event's
+    from and to status are both the current one), e.g. GPUs flagged as idle."""
+    event = Event(
+        job_id=job.id,
+        learner=None,
+        from_status=job.status,
+        to_status=job.status,
+        reason=reason,
+        created_at=utcnow(),
+    )
+    session.add(event)
+    return event
+
+
 def set_learner_status(
     session: Session,
     learner: Learner,

@@ -1,0 +1,68 @@
+"""A job's GPUs sampled by its controller through NVML (the stand-in library, set to known
+figures) and followed through the API, the CLI and the idle flag, on a real server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.gpu_sampling.standin import Gpu, build, set_figures
+from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, running_server, wait_for
+
+
+def ffdl(server: LiveServer, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FFDL_")}
+    env.update({"FFDL_CONFIG": str(server.home / "client.json"), "COLUMNS": "200"})
+    done = subprocess.run(
+        [sys.executable, "-m", "ffdl.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_sampled_gpus_reach_the_api_the_cli_and_the_idle_flag(tmp_path: Path) -> None:
+    library = build(tmp_path / "nvml")
+    # Learner 1 gets GPUs 0 and 1 of node-a: 60 % and 80 %, 1000 and 3000 MiB.
+    set_figures(library, [Gpu(60, 1000), Gpu(80, 3000), Gpu(0, 0), Gpu(0, 0)])
+    config = {
+        "nvml_library": str(library),
+        "gpu_sample_s": 0.3,
+        "gpu_idle_after_s": 1.0,
+        "nodes": [{**FAST_CONFIG["nodes"][0], "gpu_type": "standin-gpu"}],
+    }
+    with running_server(tmp_path / "home", **config) as server:
+        job_id = server.submit_ok(manifest_yaml('python -c "import time; time.sleep(120)"', gpus=2))
+
+        def sampled() -> dict[str, Any] | None:
+            use = server.model(job_id).get("gpu_utilization")
+            return use if use and use["measured_s"] >= 1.0 else None
+
+        use = wait_for(sampled, timeout=60, what="GPU samples of the job")
+        assert use["average"] == 70.0 and use["latest"] == 70.0 and use["memory_mb"] == 4000.0
+        assert use["idle_flagged"] is False
+        series = server.client.get(f"/v1/models/{job_id}/gpu").json()
+        last = series["samples"][-1]
+        assert last["util"] == 70.0 and last["node"] == "node-a" and last["power_w"] == 600.0
+        assert [g["index"] for g in last["gpus"]] == [0, 1]
+        assert "70% average" in ffdl(server, "show", job_id)
+        nodes = server.client.get("/v1/nodes").json()["nodes"]
+        assert nodes[0]["gpus_busy"] == 1.4
+
+        set_figures(library, [Gpu(0, 1000), Gpu(1, 3000), Gpu(0, 0), Gpu(0, 0)])
+
+        def flagged() -> dict[str, Any] | None:
+            model = server.model(job_id)
+            return model if (model.get("gpu_utilization") or {}).get("idle_flagged") else None
+
+        model = wait_for(flagged, timeout=30, what="the job flagged for idle GPUs")
+        assert any(e["reason"].startswith("GPUs idle: 2 GPU(s)") for e in model["events"])
+        assert "flagged: GPUs idle" in ffdl(server, "show", job_id)
+        assert server.client.delete(f"/v1/models/{job_id}").status_code in (200, 202)
