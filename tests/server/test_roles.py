@@ -158,6 +158,7 @@ def job_ops() -> list[Op]:
         Op("POST", "/v1/models", mine),
         Op("GET", "/v1/models", (200, 200, 200)),
         Op("GET", "/v1/models/{model_id}", hidden),
+        Op("GET", "/v1/models/{model_id}/gpu", hidden),
         Op("PATCH", "/v1/models/{model_id}", (404, 404, 202), {"priority": 60}, target="b_live"),
         Op("DELETE", "/v1/models/{model_id}", hidden, target="b_spare"),
         Op("GET", "/v1/models/{model_id}/definition", hidden),
@@ -179,6 +180,7 @@ def admin_ops() -> list[Op]:
     return [
         Op("GET", "/v1/nodes", (200, 200, 200)),
         Op("GET", "/v1/queue", (200, 200, 200)),
+        Op("GET", "/v1/cluster/history", (200, 200, 200)),
         Op("GET", "/v1/replicas", platform_only),
         Op("GET", "/v1/cluster/pool", platform_only),
         Op("POST", "/v1/nodes/{name}/drain", platform_only, {"reason": "matrix"}),

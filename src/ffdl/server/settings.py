@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     gpu_idle_util: float = Field(default=5.0, ge=0, le=100)
     gpu_idle_after_s: float = Field(default=600.0, gt=0)
 
+    # The cluster's history (``services/history.py``): one sample of its GPUs and queue
+    # this often (0: none), thinned as it ages.
+    cluster_sample_s: float = Field(default=10.0, ge=0)
+
     # A bearer token that may read ``GET /metrics`` (every series) and nothing else: give it
     # to Prometheus rather than a user's token. Unset: only users' tokens scrape.
     metrics_token: str | None = Field(default=None, min_length=16)

@@ -38,6 +38,7 @@ from ffdl.core.status import (
 )
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job
+from ffdl.server.services.history import record_cluster_sample
 from ffdl.server.services.queries import current_learners
 from ffdl.server.services.salvage import salvage_output
 from ffdl.server.store.models import Job, Learner
@@ -108,6 +109,10 @@ def monitor_pass(platform: Platform) -> None:
             )
     if changed:
         platform.wakeups.notify("scheduler", "lcm")
+    try:
+        record_cluster_sample(platform)
+    except BackendUnavailable as exc:
+        log.debug("no cluster sample this pass: %s", exc)
 
 
 def _stop_reason(status: JobStatus, attempt: int, job_attempt: int) -> str:

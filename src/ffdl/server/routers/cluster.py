@@ -1,16 +1,17 @@
-"""``/v1/nodes``, ``/v1/queue`` and ``/v1/replicas``: the cluster, the queue and the control
-plane as users and operators see them."""
+"""``/v1/nodes``, ``/v1/queue``, ``/v1/cluster/history`` and ``/v1/replicas``: the cluster,
+the queue, their history and the control plane as users and operators see them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ffdl.server.routers.deps import PlatformDep, PrincipalDep
 from ffdl.server.routers.responses import AUTHENTICATED, errors
 from ffdl.server.services.cluster import cluster_view, drain, queue_view, replicas_view
+from ffdl.server.services.history import history
 
 router = APIRouter(prefix="/v1", tags=["cluster"], responses=AUTHENTICATED)
 
@@ -23,6 +24,20 @@ def get_nodes(platform: PlatformDep, principal: PrincipalDep) -> dict[str, Any]:
 @router.get("/queue")
 def get_queue(platform: PlatformDep, principal: PrincipalDep) -> dict[str, Any]:
     return queue_view(platform, principal)
+
+
+@router.get("/cluster/history", responses=errors(400))
+def get_cluster_history(
+    platform: PlatformDep,
+    principal: PrincipalDep,
+    since: Annotated[
+        float | None, Query(description="only samples after this time (epoch seconds)")
+    ] = None,
+) -> dict[str, Any]:
+    """The cluster over time: GPUs total, allocated and busy, queue length, running jobs
+    (whole-platform totals; no tenant's jobs are named)."""
+    with platform.store.read() as session:
+        return history(session, since)
 
 
 @router.get("/replicas", responses=errors(403))
