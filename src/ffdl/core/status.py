@@ -66,6 +66,11 @@ RUNNING_JOB_STATES = frozenset({J.PENDING, J.DOWNLOADING, J.PROCESSING, J.STORIN
 TERMINAL_JOB_STATES = frozenset({J.COMPLETED, J.FAILED, J.CANCELLED})
 # States in which a job holds cluster resources (placed and not yet released).
 HOLDING_JOB_STATES = RUNNING_JOB_STATES | {J.HALTING, J.RESCALING}
+# What a user may ask of a job in each status (``services/control.py`` enforces it; the API
+# lists a job's ``actions`` from it so that no client offers what would be refused). A
+# halt of a HALTING or HALTED job is accepted and changes nothing, so it is not offered.
+HALTABLE_JOB_STATES = frozenset({J.QUEUED, J.PENDING, J.DOWNLOADING, J.PROCESSING})
+RESUMABLE_JOB_STATES = frozenset({J.HALTED, J.FAILED})
 
 _JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     J.QUEUED: frozenset({J.PENDING, J.HALTED, J.FAILED, J.CANCELLED}),
@@ -104,6 +109,16 @@ TERMINAL_LEARNER_STATES = frozenset({L.COMPLETED, L.FAILED, L.HALTED, L.CANCELLE
 
 # Order of the forward pipeline, used to aggregate learners into a job status.
 PIPELINE = (L.PENDING, L.DOWNLOADING, L.PROCESSING, L.STORING, L.COMPLETED)
+
+
+def user_actions(status: JobStatus) -> list[str]:
+    """The actions a job in ``status`` takes: ``halt``, ``resume`` and always ``delete``."""
+    actions = []
+    if status in HALTABLE_JOB_STATES:
+        actions.append("halt")
+    if status in RESUMABLE_JOB_STATES:
+        actions.append("resume")
+    return [*actions, "delete"]
 
 
 def is_terminal(status: JobStatus) -> bool:

@@ -1,5 +1,7 @@
-// The ffdl dashboard: jobs, one job's detail (summary, events, logs, metrics, controls),
-// the queue and the nodes, all read from the JSON API with the user's bearer token.
+// The ffdl dashboard: jobs, one job's detail (summary, charts, events, logs, metrics, the
+// controls its status allows), the cluster over time, the queue and the nodes, all read
+// from the JSON API with the user's bearer token; a job's new metric points arrive over
+// its event stream (SSE). Charts are charts.js's.
 // API data only ever reaches the page through textContent, never as markup.
 "use strict";
 
@@ -8,6 +10,8 @@
   const REFRESH_MS = 2000;
   const LOG_LINES = 200;
   const METRIC_RECORDS = 50;
+  const CHART_RECORDS = 5000; // the most recent points a job's charts start from
+  const CLUSTER_REFRESH_MS = 10000;
   // Jobs in these states can still write logs and metrics, so their detail keeps refreshing.
   const LIVE_STATES = new Set([
     "QUEUED", "PENDING", "DOWNLOADING", "PROCESSING", "STORING", "HALTING", "RESCALING",
@@ -20,6 +24,14 @@
     selected: null, // job id shown in the detail pane
     selectedLive: true, // whether the selected job could still produce output at last look
     detailLoaded: false,
+    follow: null, // the AbortController of the selected job's event stream
+    clusterAt: 0, // when the cluster charts were last refreshed (ms)
+    statusRefresh: null, // a pending refresh of the detail after stream status events
+  };
+  const charts = {
+    metrics: null,
+    resources: null,
+    cluster: null,
   };
 
   const $ = (id) => document.getElementById(id);
@@ -188,11 +200,34 @@
       el("code", {}, model.model_id),
       model.name || "",
       badge(status.status),
+      progressCell(model),
       status.status_message || "",
       el("time", { datetime: status.submitted_at }, localTime(status.submitted_at)),
       `${training.learners ?? "?"}×${training.gpus ?? "?"}`,
       String(model.priority ?? ""),
     ];
+  }
+
+  function durationText(seconds) {
+    if (typeof seconds !== "number" || seconds < 0) return "";
+    const s = Math.round(seconds);
+    if (s < 60) return `${s}s`;
+    if (s < 3600) return `${Math.floor(s / 60)}m ${String(s % 60).padStart(2, "0")}s`;
+    return `${Math.floor(s / 3600)}h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+  }
+
+  // A running job's bar and time left; a queued job's position and ETA.
+  function progressCell(model) {
+    if (model.queue) {
+      const eta = model.queue.eta_s;
+      return `#${model.queue.position ?? "–"}${typeof eta === "number" ? ` ETA ${durationText(eta)}` : ""}`;
+    }
+    const progress = model.progress;
+    if (!progress || typeof progress.fraction !== "number") return "";
+    const bar = el("span", { class: "progress", title: `${Math.round(progress.fraction * 100)}%` });
+    bar.append(el("span", { style: `width: ${(progress.fraction * 100).toFixed(1)}%` }));
+    const left = typeof progress.remaining_s === "number" ? ` ${durationText(progress.remaining_s)} left` : "";
+    return el("span", { class: "progress-cell" }, bar, `${Math.round(progress.fraction * 100)}%${left}`);
   }
 
   // Rows are kept per job and rebuilt only when their content changes, so a row keeps its
@@ -221,12 +256,44 @@
     const shown = new Set(models.map((m) => m.model_id));
     for (const id of [...jobRows.keys()]) if (!shown.has(id)) jobRows.delete(id);
     fillTable($("jobs"), models.map(jobRow), $("jobs-empty"));
+    renderEtaAccuracy(models);
     $("jobs-total").textContent = body.total > models.length
       ? `(${models.length} of ${body.total})`
       : `(${models.length})`;
   }
 
   // -- queue and nodes -----------------------------------------------------------------------
+
+  // For jobs that waited and then started: the first ETA the queue showed, and how far off.
+  function renderEtaAccuracy(models) {
+    const started = models
+      .filter((m) => m.start_estimate)
+      .sort((a, b) => String(b.start_estimate.started_at).localeCompare(String(a.start_estimate.started_at)))
+      .slice(0, 10);
+    const rows = started.map((m) => {
+      const estimate = m.start_estimate;
+      const error = estimate.error_s;
+      const side = error > 0 ? "later" : "earlier";
+      return el(
+        "tr",
+        { dataset: { id: m.model_id, error: String(error) } },
+        el("td", {}, el("code", {}, m.model_id)),
+        el("td", {}, localTime(estimate.first_eta_at)),
+        el("td", {}, localTime(estimate.started_at)),
+        el("td", {}, `${durationText(Math.abs(error))} ${side}`),
+      );
+    });
+    fillTable($("eta-accuracy"), rows, $("eta-accuracy-empty"));
+  }
+
+  async function refreshCluster() {
+    if (!charts.cluster || Date.now() - state.clusterAt < CLUSTER_REFRESH_MS) return;
+    state.clusterAt = Date.now();
+    const since = charts.cluster.last();
+    const body = await api("GET", `/v1/cluster/history${since === null ? "" : `?since=${since}`}`);
+    charts.cluster.add(body.samples || []);
+    charts.cluster.draw();
+  }
 
   async function refreshQueue() {
     const body = await api("GET", "/v1/queue");
@@ -307,6 +374,71 @@
     return list;
   }
 
+  function progressText(progress) {
+    if (!progress) return "–";
+    const parts = [];
+    if (progress.step !== null && progress.step !== undefined) {
+      parts.push(`step ${progress.step}${progress.total_steps ? ` of ${progress.total_steps}` : ""}`);
+    }
+    if (typeof progress.fraction === "number") parts.push(`${Math.round(progress.fraction * 100)}%`);
+    if (typeof progress.samples_per_s === "number") parts.push(`${progress.samples_per_s.toFixed(1)} samples/s`);
+    if (typeof progress.remaining_s === "number") {
+      parts.push(`${durationText(progress.remaining_s)} left (ends ${localTime(progress.estimated_end_at)})`);
+    }
+    return parts.join(", ") || "–";
+  }
+
+  function gpuText(use) {
+    if (!use) return "–";
+    let text = `${use.average.toFixed(0)}% average`;
+    if (typeof use.latest === "number") text += `, ${use.latest.toFixed(0)}% now`;
+    if (use.idle_flagged) text += " — flagged: GPUs held but idle";
+    return text;
+  }
+
+  function startEstimateText(estimate) {
+    if (!estimate) return "–";
+    const side = estimate.error_s > 0 ? "later" : "earlier";
+    return `started ${durationText(Math.abs(estimate.error_s))} ${side} than first estimated`;
+  }
+
+  // Each attempt as a bar on one time axis, from the first start to now (or the last end).
+  function renderTimeline(model) {
+    const attempts = model.attempts || [];
+    const box = $("timeline");
+    if (attempts.length === 0) {
+      box.replaceChildren(el("p", { class: "empty" }, "Not started yet."));
+      return;
+    }
+    const now = Date.now();
+    const spans = attempts.map((a) => ({
+      attempt: a,
+      start: Date.parse(a.started),
+      end: a.ended ? Date.parse(a.ended) : now,
+    }));
+    const first = Math.min(...spans.map((s) => s.start));
+    const last = Math.max(...spans.map((s) => s.end), first + 1000);
+    box.replaceChildren(...spans.map(({ attempt, start, end }) => el(
+      "span",
+      {
+        class: "span",
+        dataset: { attempt: String(attempt.attempt), status: attempt.status },
+        title: `#${attempt.attempt} ${attempt.status}: ${attempt.reason || ""}`,
+        style: `left: ${((start - first) / (last - first)) * 100}%; ` +
+          `width: ${Math.max(((end - start) / (last - first)) * 100, 0.5)}%`,
+      },
+      `#${attempt.attempt} ${attempt.status}`,
+    )));
+  }
+
+  // Only the controls the job's status allows (the API lists them).
+  function showActions(model) {
+    const allowed = new Set(model.actions || []);
+    for (const button of document.querySelectorAll("#detail .actions button[data-action]")) {
+      show(button, allowed.has(button.dataset.action));
+    }
+  }
+
   function renderSummary(model) {
     const training = model.training || {};
     const status = training.training_status || {};
@@ -316,6 +448,9 @@
       ["Error code", status.error_code || "–"],
       ["Exit code", status.exit_code ?? "–"],
       ["Queue", queueText(model.queue)],
+      ["Progress", progressText(model.progress)],
+      ["GPU use", gpuText(model.gpu_utilization)],
+      ["Start vs ETA", startEstimateText(model.start_estimate)],
       ["Placement", placementText(model.placement)],
       ["Results", (model.results && model.results.location) || "–"],
       ["Command", training.command || "–"],
@@ -331,6 +466,8 @@
     $("summary").replaceChildren(...items);
     $("detail-title").textContent = `${model.name || ""} · ${model.model_id}`;
     setBadge($("detail-badge"), status.status);
+    showActions(model);
+    renderTimeline(model);
 
     const events = (model.events || []).map((ev) => el(
       "li",
@@ -419,9 +556,98 @@
       if (state.selected !== id) return;
       renderLogs(logs.models || []);
       renderMetrics(metrics.models || []);
+      if (state.detailLoaded) await refreshGpuChart(id);
       state.detailLoaded = true;
     }
     state.selectedLive = live;
+  }
+
+  // -- charts and the event stream of the selected job -----------------------------------------
+
+  function drawMetricCharts() {
+    charts.metrics.draw();
+    show($("metric-charts-empty"), charts.metrics.groups.size === 0);
+    charts.resources.drawThroughput(charts.metrics.throughput());
+  }
+
+  async function loadCharts(id) {
+    const path = encodeURIComponent(id);
+    const [records, gpu] = await Promise.all([
+      api("GET", `/v1/logs/${path}/emetrics?pos=-1&pagesize=${CHART_RECORDS}`),
+      api("GET", `/v1/models/${path}/gpu`),
+    ]);
+    if (state.selected !== id) return;
+    for (const record of records.models || []) charts.metrics.add(record);
+    drawMetricCharts();
+    charts.resources.drawGpu(gpu);
+  }
+
+  async function refreshGpuChart(id) {
+    const gpu = await api("GET", `/v1/models/${encodeURIComponent(id)}/gpu`);
+    if (state.selected === id) charts.resources.drawGpu(gpu);
+  }
+
+  function stopFollowing() {
+    if (state.follow) state.follow.abort();
+    state.follow = null;
+  }
+
+  // Reads the job's Server-Sent Events with fetch (EventSource cannot send the token).
+  async function followJob(id) {
+    stopFollowing();
+    const controller = new AbortController();
+    state.follow = controller;
+    let response;
+    try {
+      response = await fetch(`/v1/models/${encodeURIComponent(id)}/events/stream`, {
+        headers: { Authorization: `Bearer ${state.token}`, Accept: "text/event-stream" },
+        signal: controller.signal,
+      });
+    } catch (err) {
+      return; // aborted, or the server is away: the poll carries on
+    }
+    if (!response.ok || !response.body) return;
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const frame = buffer.slice(0, cut);
+          buffer = buffer.slice(cut + 2);
+          onStreamFrame(id, frame);
+        }
+      }
+    } catch (err) {
+      // aborted when the detail closes or another job is opened
+    }
+  }
+
+  function onStreamFrame(id, frame) {
+    if (state.selected !== id) return;
+    let kind = "message";
+    let data = "";
+    for (const line of frame.split("\n")) {
+      if (line.startsWith("event: ")) kind = line.slice(7);
+      else if (line.startsWith("data: ")) data += line.slice(6);
+    }
+    if (!data) return;
+    if (kind === "emetric") {
+      if (charts.metrics.add(JSON.parse(data))) drawMetricCharts();
+    } else if (kind === "status" || kind === "end") {
+      // A burst of status events (a finished job's whole history) costs one refresh.
+      state.selectedLive = true;
+      if (state.statusRefresh === null) {
+        state.statusRefresh = window.setTimeout(() => {
+          state.statusRefresh = null;
+          refreshDetail().catch(reportError);
+        }, 150);
+      }
+    }
   }
 
   function markSelectedRow() {
@@ -443,6 +669,11 @@
       $("detail-title").textContent = id;
       setBadge($("detail-badge"), "");
       showMessage("", "");
+      $("timeline").replaceChildren();
+      show($("detail"), true);
+      charts.metrics.reset();
+      charts.resources.reset();
+      loadCharts(id).then(() => followJob(id)).catch(reportError);
     }
     show($("detail"), true);
     markSelectedRow();
@@ -450,6 +681,7 @@
   }
 
   function closeDetail() {
+    stopFollowing();
     state.selected = null;
     show($("detail"), false);
     markSelectedRow();
@@ -507,7 +739,7 @@
 
   async function refreshAll() {
     const results = await Promise.allSettled([
-      refreshJobs(), refreshQueue(), refreshNodes(), refreshDetail(),
+      refreshJobs(), refreshQueue(), refreshNodes(), refreshDetail(), refreshCluster(),
     ]);
     const failure = results.find((r) => r.status === "rejected");
     if (failure) reportError(failure.reason);
@@ -573,6 +805,10 @@
   }
 
   function main() {
+    const { MetricCharts, JobResourceCharts, ClusterCharts } = window.FfdlCharts;
+    charts.metrics = new MetricCharts($("metric-charts"));
+    charts.resources = new JobResourceCharts($("gpu-chart"), $("throughput-chart"));
+    charts.cluster = new ClusterCharts($("cluster-gpus"), $("cluster-queue"));
     wire();
     checkSandbox();
     const token = tokenFromFragment() || storedToken();

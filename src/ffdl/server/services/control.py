@@ -16,7 +16,14 @@ from sqlalchemy.orm import Session
 
 from ffdl.core.errors import BadRequest, ConflictError
 from ffdl.core.jobdirs import JobDirs
-from ffdl.core.status import HOLDING_JOB_STATES, JobStatus, Via, is_terminal
+from ffdl.core.status import (
+    HALTABLE_JOB_STATES,
+    HOLDING_JOB_STATES,
+    RESUMABLE_JOB_STATES,
+    JobStatus,
+    Via,
+    is_terminal,
+)
 from ffdl.server.auth import Principal
 from ffdl.server.platform import Platform
 from ffdl.server.services import audit
@@ -44,7 +51,7 @@ def halt_job(platform: Platform, principal: Principal, job_id: str) -> None:
         status = JobStatus(job.status)
         if status == JobStatus.QUEUED:
             set_job_status(session, job, JobStatus.HALTED, "halted by user while queued")
-        elif status in (JobStatus.PENDING, JobStatus.DOWNLOADING, JobStatus.PROCESSING):
+        elif status in HALTABLE_JOB_STATES:
             job.desired = "halt"
             set_job_status(session, job, JobStatus.HALTING, "halt requested by user")
         elif status in (JobStatus.HALTING, JobStatus.HALTED):
@@ -64,7 +71,7 @@ def resume_job(platform: Platform, principal: Principal, job_id: str) -> None:
     with platform.store.write() as session:
         job = _load_for_change(session, principal, job_id, "job.resume")
         status = JobStatus(job.status)
-        if status not in (JobStatus.HALTED, JobStatus.FAILED):
+        if status not in RESUMABLE_JOB_STATES:
             raise ConflictError(
                 f"cannot resume {job_id}: it is {status.value}; only HALTED jobs resume, "
                 "and FAILED ones from their last checkpoint",

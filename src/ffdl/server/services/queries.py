@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from ffdl.core.errors import BadRequest, NotFound
 from ffdl.core.manifest import redact_secrets
-from ffdl.core.status import RUNNING_JOB_STATES, TERMINAL_JOB_STATES, JobStatus
+from ffdl.core.status import RUNNING_JOB_STATES, TERMINAL_JOB_STATES, JobStatus, user_actions
 from ffdl.server.auth import Principal
 from ffdl.server.services.gpu_samples import gpu_utilization_view
 from ffdl.server.services.logs import metric_data
@@ -193,6 +193,7 @@ def model_summary(job: Job) -> dict[str, Any]:
         "progress": progress_view(job, datetime.now(UTC).timestamp()),
         "start_estimate": start_estimate(job),
         "gpu_utilization": gpu_utilization_view(job),
+        "actions": user_actions(JobStatus(job.status)),
         "results": {
             "location": job.results_location,
             "download": f"/v1/models/{job.id}/trained_model",
