@@ -26,7 +26,7 @@ import os, pathlib, time
 from ffdl.sdk.api import report
 for step in range(1, 6):
     report(step, samples=step * 100, total_steps=10, loss=1.0 / step, accuracy=step / 10)
-    time.sleep(0.2)
+    time.sleep(0.6)
 report(5, group="test", accuracy=0.42)
 go = pathlib.Path(os.environ["RESULT_DIR"]) / "go"
 while not go.exists():
@@ -100,8 +100,9 @@ def test_charts_show_the_jobs_real_values_live_and_only_legal_controls(
     canvases = browser.find_elements(By.CSS_SELECTOR, "#metric-charts .chart canvas")
     assert len(canvases) == 2
     throughput = chart_data(browser).get("throughput") or {}
-    assert len(throughput.get("samples_per_s") or []) == 4
-    assert all(rate > 0 for rate in throughput["samples_per_s"])
+    # 100 samples every 0.6 s, measured over windows of 2 s or more.
+    assert len(throughput.get("samples_per_s") or []) >= 1
+    assert all(100 < rate < 200 for rate in throughput["samples_per_s"])
     assert buttons(browser) == {"halt", "delete"}
 
     # Live: the next five steps arrive over the event stream, without a reload.

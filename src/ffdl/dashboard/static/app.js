@@ -329,6 +329,7 @@
         { dataset: { name: node.name } },
         name,
         el("td", {}, `${node.used ? node.used.gpus : 0}/${node.gpus}`),
+        el("td", {}, typeof node.gpus_busy === "number" ? node.gpus_busy.toFixed(1) : "–"),
         el("td", {}, labels.join(", ")),
         el("td", {}, holders),
       );

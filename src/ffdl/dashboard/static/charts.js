@@ -11,6 +11,7 @@ window.FfdlCharts = (() => {
   const PROGRESS_KEYS = new Set(["samples", "total_steps", "total_samples", "epoch", "total_epochs"]);
   const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f"];
   const HEIGHT = 190;
+  const THROUGHPUT_WINDOW_S = 2;
 
   const exposed = { groups: {}, gpu: null, throughput: null, cluster: null, queue: null };
   window.ffdlChartData = exposed;
@@ -119,17 +120,22 @@ window.FfdlCharts = (() => {
       }
     }
 
-    // Samples per second between consecutive reports of learner 1.
+    // Samples per second from learner 1's reports, over windows of at least
+    // THROUGHPUT_WINDOW_S (reports a fraction of a second apart would chart their jitter).
     throughput() {
       const times = [];
       const rates = [];
       const points = [...this.samples].sort((a, b) => a[0] - b[0]);
-      for (let i = 1; i < points.length; i += 1) {
-        const dt = points[i][0] - points[i - 1][0];
-        const ds = points[i][1] - points[i - 1][1];
-        if (dt > 0 && ds >= 0) {
-          times.push(points[i][0]);
+      let anchor = points[0];
+      for (const point of points.slice(1)) {
+        const dt = point[0] - anchor[0];
+        const ds = point[1] - anchor[1];
+        if (ds < 0) {
+          anchor = point; // a new attempt counting from its checkpoint
+        } else if (dt >= THROUGHPUT_WINDOW_S) {
+          times.push(point[0]);
           rates.push(ds / dt);
+          anchor = point;
         }
       }
       return [times, rates];
