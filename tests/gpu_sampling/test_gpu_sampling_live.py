@@ -3,29 +3,11 @@ figures) and followed through the API, the CLI and the idle flag, on a real serv
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from tests.gpu_sampling.standin import Gpu, build, set_figures
-from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, running_server, wait_for
-
-
-def ffdl(server: LiveServer, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FFDL_")}
-    env.update({"FFDL_CONFIG": str(server.home / "client.json"), "COLUMNS": "200"})
-    done = subprocess.run(
-        [sys.executable, "-m", "ffdl.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+from tests.integration.live import FAST_CONFIG, ffdl_output, manifest_yaml, running_server, wait_for
 
 
 def test_sampled_gpus_reach_the_api_the_cli_and_the_idle_flag(tmp_path: Path) -> None:
@@ -52,7 +34,7 @@ def test_sampled_gpus_reach_the_api_the_cli_and_the_idle_flag(tmp_path: Path) ->
         last = series["samples"][-1]
         assert last["util"] == 70.0 and last["node"] == "node-a" and last["power_w"] == 600.0
         assert [g["index"] for g in last["gpus"]] == [0, 1]
-        assert "70% average" in ffdl(server, "show", job_id)
+        assert "70% average" in ffdl_output(server, "show", job_id, columns=200)
         nodes = server.client.get("/v1/nodes").json()["nodes"]
         assert nodes[0]["gpus_busy"] == 1.4
 
@@ -64,5 +46,5 @@ def test_sampled_gpus_reach_the_api_the_cli_and_the_idle_flag(tmp_path: Path) ->
 
         model = wait_for(flagged, timeout=30, what="the job flagged for idle GPUs")
         assert any(e["reason"].startswith("GPUs idle: 2 GPU(s)") for e in model["events"])
-        assert "flagged: GPUs idle" in ffdl(server, "show", job_id)
+        assert "flagged: GPUs idle" in ffdl_output(server, "show", job_id, columns=200)
         assert server.client.delete(f"/v1/models/{job_id}").status_code in (200, 202)

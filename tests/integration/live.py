@@ -254,3 +254,20 @@ def serving(server: LiveServer) -> Iterator[LiveServer]:
 
 def running_server(home: Path, **config: Any) -> contextlib.AbstractContextManager[LiveServer]:
     return serving(LiveServer(home=home, config={**FAST_CONFIG, **config}))
+
+
+def ffdl_output(server: LiveServer, *args: str, columns: int = 80) -> str:
+    """What the ``ffdl`` command prints against ``server`` in a terminal ``columns`` wide;
+    it must succeed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FFDL_")}
+    env.update({"FFDL_CONFIG": str(server.home / "client.json"), "COLUMNS": str(columns)})
+    done = subprocess.run(
+        [sys.executable, "-m", "ffdl.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout

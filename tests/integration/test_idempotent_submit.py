@@ -209,6 +209,21 @@ def test_a_lost_answer_is_retried_into_the_same_job(server: LiveServer, tmp_path
     assert job_ids(server) == [created["model_id"]]
 
 
+# The columns revision 0003 added to tables of the first revision.
+LATER_COLUMNS = {
+    "jobs": (
+        "first_queue_eta_at",
+        "progress",
+        "estimated_end_at",
+        "gpu_util_avg",
+        "gpu_util_span_s",
+        "gpu_idle_since",
+        "gpu_idle_flagged_at",
+    ),
+    "learners": ("gpu_util", "gpu_memory_mb", "gpu_power_w", "gpu_stats", "gpu_sampled_at"),
+}
+
+
 def test_the_key_index_is_added_to_an_older_database(tmp_path: Path) -> None:
     home = tmp_path / "home"
     server = LiveServer(home=home)
@@ -218,10 +233,15 @@ def test_the_key_index_is_added_to_an_older_database(tmp_path: Path) -> None:
         db.execute("DROP INDEX ux_jobs_user_idempotency")
         db.execute("ALTER TABLE jobs DROP COLUMN idempotency_key")
         db.execute("ALTER TABLE jobs DROP COLUMN idempotency_digest")
-        # What a database from before migrations looked like: no revision, no later tables.
+        # What a database from before migrations looked like: no revision, and nothing that
+        # later revisions (0002, 0003) added.
         db.execute("DROP TABLE alembic_version")
-        db.execute("DROP TABLE leases")
-        db.execute("DROP TABLE replicas")
+        for table in ("leases", "replicas", "gpu_samples", "cluster_samples"):
+            db.execute(f"DROP TABLE {table}")
+        db.execute("DROP INDEX ix_jobs_tenant_status")
+        for table, columns in LATER_COLUMNS.items():
+            for column in columns:
+                db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     with serving(server):
         with contextlib.closing(sqlite3.connect(home / "ffdl.db")) as db:
             indexes = {row[1]: row[2] for row in db.execute("PRAGMA index_list(jobs)")}

@@ -62,7 +62,7 @@ from tests.integration.live import (
     wait_for,
 )
 
-MAX_EXAMPLES = 18
+MAX_EXAMPLES = 12
 SEED = 20261123
 BUDGET_S = 300
 REQUEST_TIMEOUT_S = 10.0

@@ -80,7 +80,7 @@ def queue_command(ctx: typer.Context) -> None:
         return
     table = Table(title="Queue")
     for column in ("pos", "model", "tenant", "prio", "learners×GPUs", "ETA", "waiting for"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for entry in entries:
         table.add_row(
             str(entry.get("position") or "-"),

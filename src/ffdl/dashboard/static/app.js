@@ -35,6 +35,7 @@
   };
 
   const $ = (id) => document.getElementById(id);
+  const { localTime, durationText, progressText, gpuText, startEstimateText } = window.FfdlFormat;
 
   class ApiError extends Error {
     constructor(status, message, code) {
@@ -71,12 +72,6 @@
 
   function show(node, visible) {
     node.hidden = !visible;
-  }
-
-  function localTime(iso) {
-    if (!iso) return "";
-    const when = new Date(iso);
-    return Number.isNaN(when.getTime()) ? iso : when.toLocaleString();
   }
 
   function fillTable(table, rows, emptyNote) {
@@ -206,14 +201,6 @@
       `${training.learners ?? "?"}×${training.gpus ?? "?"}`,
       String(model.priority ?? ""),
     ];
-  }
-
-  function durationText(seconds) {
-    if (typeof seconds !== "number" || seconds < 0) return "";
-    const s = Math.round(seconds);
-    if (s < 60) return `${s}s`;
-    if (s < 3600) return `${Math.floor(s / 60)}m ${String(s % 60).padStart(2, "0")}s`;
-    return `${Math.floor(s / 3600)}h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
   }
 
   // A running job's bar and time left; a queued job's position and ETA.
@@ -373,34 +360,6 @@
       list.append(el("li", {}, `automatic restarts: ${restarts.taken || 0} of ${restarts.max}`));
     }
     return list;
-  }
-
-  function progressText(progress) {
-    if (!progress) return "–";
-    const parts = [];
-    if (progress.step !== null && progress.step !== undefined) {
-      parts.push(`step ${progress.step}${progress.total_steps ? ` of ${progress.total_steps}` : ""}`);
-    }
-    if (typeof progress.fraction === "number") parts.push(`${Math.round(progress.fraction * 100)}%`);
-    if (typeof progress.samples_per_s === "number") parts.push(`${progress.samples_per_s.toFixed(1)} samples/s`);
-    if (typeof progress.remaining_s === "number") {
-      parts.push(`${durationText(progress.remaining_s)} left (ends ${localTime(progress.estimated_end_at)})`);
-    }
-    return parts.join(", ") || "–";
-  }
-
-  function gpuText(use) {
-    if (!use) return "–";
-    let text = `${use.average.toFixed(0)}% average`;
-    if (typeof use.latest === "number") text += `, ${use.latest.toFixed(0)}% now`;
-    if (use.idle_flagged) text += " — flagged: GPUs held but idle";
-    return text;
-  }
-
-  function startEstimateText(estimate) {
-    if (!estimate) return "–";
-    const side = estimate.error_s > 0 ? "later" : "earlier";
-    return `started ${durationText(Math.abs(estimate.error_s))} ${side} than first estimated`;
   }
 
   // Each attempt as a bar on one time axis, from the first start to now (or the last end).

@@ -27,7 +27,9 @@ The schema is created and upgraded by ``schema.upgrade`` (Alembic migrations), n
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -47,6 +49,8 @@ IMMEDIATE = {SQLITE_BEGIN: "IMMEDIATE"}
 PG_POOL_SIZE = 5
 PG_MAX_OVERFLOW = 20
 PG_CONNECT_TIMEOUT_S = 10
+# As long as SQLite's own busy timeout (``PRAGMA busy_timeout``).
+WAL_SWITCH_TIMEOUT_S = 30.0
 
 
 class StoreUnavailable(RuntimeError):
@@ -83,13 +87,29 @@ def server_address(url: str | URL) -> str:
     return f"{host}:{port}" if port else host
 
 
+def _switch_to_wal(cur: Any) -> None:
+    """Put the file in WAL mode. On a new file that several processes open at once, one
+    may be mid-transaction in the old journal mode: the switch then fails at once with
+    "database is locked" (SQLite's busy handler is not called, to avoid a deadlock), so it
+    is tried again while that transaction lasts."""
+    deadline = time.monotonic() + WAL_SWITCH_TIMEOUT_S
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     # SQLAlchemy emits BEGIN itself (``_sqlite_begin``); pysqlite's own handling would
     # begin only at the first write, too late to take the write lock before reading.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout=30000")
-    cur.execute("PRAGMA journal_mode=WAL")
+    _switch_to_wal(cur)
     # FULL fsyncs the WAL at every commit: what the API acknowledged survives a power loss,
     # not only a crash of the server (NORMAL's guarantee). It costs one fsync per write.
     cur.execute("PRAGMA synchronous=FULL")

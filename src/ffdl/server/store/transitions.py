@@ -99,28 +99,25 @@ def set_job_status(
     if target != JobStatus.QUEUED:
         job.queue_position = None
         job.queue_eta_at = None
-    event = Event(
-        job_id=job.id,
-        learner=None,
-        from_status=current.value,
-        to_status=target.value,
-        reason=reason,
-        created_at=now,
-    )
-    session.add(event)
-    return event
+    return _job_event(session, job, current.value, target.value, reason, now)
 
 
 def note_job_event(session: Session, job: Job, reason: str) -> Event:
     """Record something that happened to ``job`` without changing its status (the event's
     from and to status are both the current one), e.g. GPUs flagged as idle."""
+    return _job_event(session, job, job.status, job.status, reason, utcnow())
+
+
+def _job_event(
+    session: Session, job: Job, from_status: str, to_status: str, reason: str, at: datetime
+) -> Event:
     event = Event(
         job_id=job.id,
         learner=None,
-        from_status=job.status,
-        to_status=job.status,
+        from_status=from_status,
+        to_status=to_status,
         reason=reason,
-        created_at=utcnow(),
+        created_at=at,
     )
     session.add(event)
     return event
