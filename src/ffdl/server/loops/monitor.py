@@ -15,6 +15,9 @@ trouble (an exception polling or killing it) is logged as that learner's, and th
 goes on with the others; a backend that cannot be reached now (``BackendUnavailable``)
 is no trouble of the learner's: it is skipped and looked at again on the next pass. A
 learner the backend reports gone with a reason (its node was lost) fails with that reason.
+
+Each pass also records the cluster's history (``services/history.py``) when its interval
+has passed: the monitor's leader is the one replica that writes it.
 """
 
 from __future__ import annotations
