@@ -141,6 +141,6 @@ def test_idle_gpus_are_flagged_once_and_cleared_when_busy(tmp_path: Path) -> Non
             if e.from_status == e.to_status
         ]
     assert notes == [
-        "GPUs idle: 2 GPU(s) held under 5% utilisation for 1 min",
+        "GPUs idle: 2 GPU(s) held under 5% utilisation for 60 s (node-a GPUs 0, 1)",
         "GPUs busy again after being flagged idle",
     ]

@@ -113,14 +113,14 @@ def record_gpu_samples(
 def _watch_idleness(
     session: Session, job: Job, learner: Learner, at: float, settings: Settings
 ) -> None:
-    others = session.scalars(
-        select(Learner.gpu_util).where(
+    others = session.execute(
+        select(Learner.gpu_util, Learner.node, Learner.gpu_ids).where(
             Learner.job_id == job.id,
             Learner.attempt == job.attempt,
             Learner.index != learner.index,
         )
     ).all()
-    utils = [learner.gpu_util, *others]
+    utils = [learner.gpu_util, *(util for util, _, _ in others)]
     idle = all(u is None or u < settings.gpu_idle_util for u in utils)
     if not idle:
         if job.gpu_idle_flagged_at is not None:
@@ -132,13 +132,31 @@ def _watch_idleness(
     idle_for = at - job.gpu_idle_since
     if job.gpu_idle_flagged_at is None and idle_for >= settings.gpu_idle_after_s:
         job.gpu_idle_flagged_at = at
-        gpus = job.gpus * job.learners
+        held = [(learner.node, learner.gpu_ids), *((node, ids) for _, node, ids in others)]
         note_job_event(
             session,
             job,
-            f"GPUs idle: {gpus} GPU(s) held under {settings.gpu_idle_util:g}% utilisation "
-            f"for {idle_for / 60:.0f} min",
+            f"GPUs idle: {job.gpus * job.learners} GPU(s) held under "
+            f"{settings.gpu_idle_util:g}% utilisation for {_duration(idle_for)} "
+            f"({_gpus_text(held)})",
         )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def _gpus_text(held: Sequence[tuple[str | None, Sequence[int] | None]]) -> str:
+    """Which GPUs, e.g. ``node-a GPUs 0, 1; node-b GPU 3``, so an operator can find them."""
+    by_node: dict[str, list[int]] = {}
+    for node, ids in held:
+        by_node.setdefault(node or "?", []).extend(ids or [])
+    return "; ".join(
+        f"{node} GPU{'s' if len(ids) != 1 else ''} {', '.join(str(i) for i in sorted(ids))}"
+        if ids
+        else node
+        for node, ids in sorted(by_node.items())
+    )
 
 
 def _compact(session: Session, job_id: str, learner: int, kept: int) -> bool:
