@@ -64,14 +64,28 @@ def _latencies(server: LiveServer, jobs: int) -> list[float]:
     return found
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every live process below it (the Ray driver is started from a thread, so
+    ``/proc/PID/task/PID/children`` alone would miss it)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        each = todo.pop()
+        found.append(each)
+        todo.extend(parents.get(each, []))
+    return found
+
+
 def _cpu_seconds(pid: int) -> float:
-    """CPU time of ``pid`` and of its live children (the Ray driver), in seconds."""
+    """CPU time of ``pid`` and of its live descendants (the Ray driver), in seconds."""
     total = 0.0
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(p) for p in children.read_text().split()]
-    for each in pids:
+    for each in _descendants(pid):
         try:
             fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:

@@ -37,6 +37,11 @@ def test_sampled_gpus_reach_the_api_the_cli_and_the_idle_flag(tmp_path: Path) ->
         assert "70% average" in ffdl_output(server, "show", job_id, columns=200)
         nodes = server.client.get("/v1/nodes").json()["nodes"]
         assert nodes[0]["gpus_busy"] == 1.4
+        # ``ffdl nodes`` at 80 columns: allocated beside really busy, nothing cut to "…".
+        table = ffdl_output(server, "nodes")
+        row = next(line for line in table.splitlines() if "node-a" in line)
+        assert "2/4" in row and "1.4" in row, table
+        assert "…" not in table and max(len(line) for line in table.splitlines()) <= 80
 
         set_figures(library, [Gpu(0, 1000), Gpu(1, 3000), Gpu(0, 0), Gpu(0, 0)])
 

@@ -37,7 +37,7 @@ def _config() -> dict[str, Any]:
     return config
 
 
-@pytest.fixture(scope="module", params=["local", "ray"])
+@pytest.fixture(scope="module", params=["local", pytest.param("ray", marks=pytest.mark.ray)])
 def platform(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
@@ -128,6 +128,8 @@ def test_an_elastic_rescale_continues_the_step_counter(platform: LiveServer) -> 
     job_id = platform.submit_ok(manifest, files)
     platform.wait_status(job_id, {"PROCESSING"}, timeout=60)
     wait_for(lambda: 3 in views.steps(views.lines(platform, job_id)), timeout=60, what="step 3")
+    tenant = platform.model(job_id)["tenant"]
+    rescales = views.metric(platform, "ffdl_rescales_total", tenant=tenant)
     response = platform.client.patch(f"/v1/models/{job_id}", json={"gpus": 3})
     assert response.status_code == 202, response.text
 
@@ -140,6 +142,7 @@ def test_an_elastic_rescale_continues_the_step_counter(platform: LiveServer) -> 
     starts = _starts(views.lines(platform, job_id))
     assert [n for n, _ in starts] == [1, 3] and starts[1][1] >= 3, starts
     assert any(e["to"] == "RESCALING" and "1→3" in e["reason"] for e in model["events"])
+    assert views.metric(platform, "ffdl_rescales_total", tenant=tenant) == rescales + 1
     _steps_once(platform, job_id, 80)
 
 
@@ -214,6 +217,8 @@ def test_preemption_halts_the_low_priority_job_which_resumes_later(
     low = platform.submit_ok(low_manifest, files)
     platform.wait_status(low, {"PROCESSING"}, timeout=60)
     wait_for(lambda: 5 in views.steps(views.lines(platform, low)), timeout=60, what="low job steps")
+    tenant = platform.model(low)["tenant"]
+    preemptions = views.metric(platform, "ffdl_preemptions_total", tenant=tenant)
 
     urgent_manifest, urgent_files = steps_job(10, gpus=4, priority=90)
     urgent = platform.submit_ok(urgent_manifest, urgent_files)
@@ -221,6 +226,7 @@ def test_preemption_halts_the_low_priority_job_which_resumes_later(
     victim = platform.wait_status(low, {"COMPLETED"}, timeout=180)
     reasons = [e["reason"] for e in victim["events"] if e["learner"] is None]
     assert f"preempted by {urgent}" in reasons, reasons
+    assert views.metric(platform, "ffdl_preemptions_total", tenant=tenant) == preemptions + 1
     starts = _starts(views.lines(platform, low))
     assert len(starts) == 2 and starts[1][1] > 0, "resumed from its checkpoint"
     _steps_once(platform, low, 40)

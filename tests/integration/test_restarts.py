@@ -19,6 +19,7 @@ from rich.console import Console
 
 from ffdl.cli.render import model_panel
 from ffdl.server.services.restarts import BACKOFF_FIRST_S
+from tests.integration import views
 from tests.integration.live import LiveServer, manifest_yaml, wait_for
 
 # Checkpoints every step with the SDK; crashes once after step CRASH_AT unless the marker in
@@ -101,10 +102,13 @@ def _state_file(server: LiveServer, job_id: str, name: str) -> None:
 
 
 def test_a_crash_restarts_the_job_from_its_checkpoint(server: LiveServer) -> None:
+    restarts_before = views.metric(server, "ffdl_restarts_total")
     job_id = server.submit_ok(
         manifest_yaml("python train.py", max_restarts=2, gpus=0), {"train.py": CRASH_ONCE}
     )
     model = server.wait_status(job_id, {"COMPLETED"}, timeout=90)
+    assert views.metric(server, "ffdl_restarts_total") == restarts_before + 1
+    assert views.metric(server, "ffdl_restarts_total", tenant=model["tenant"]) >= 1
 
     lines = _lines(server, job_id)
     assert "crashing on purpose" in lines

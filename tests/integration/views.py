@@ -8,6 +8,8 @@ import re
 import zipfile
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.integration.live import LiveServer
 
 
@@ -42,3 +44,17 @@ def trained_model(server: LiveServer, job_id: str) -> dict[str, Any]:
         name = next(n for n in archive.namelist() if n.endswith("model.json"))
         result: dict[str, Any] = json.loads(archive.read(name))
     return result
+
+
+def metric(server: LiveServer, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples in the server's ``/metrics`` (scraped as the platform
+    admin) whose labels include ``labels``; 0 when there is none."""
+    response = server.client.get("/metrics")
+    assert response.status_code == 200, response.text
+    wanted = set(labels.items())
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+        if sample.name == name and wanted <= set(sample.labels.items())
+    )
