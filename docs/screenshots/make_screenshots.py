@@ -1,9 +1,10 @@
 """Screenshots of the dashboard's main views, taken from a real server in headless Chromium.
 
 Starts a server on 127.0.0.1 whose node has 4 GPUs read through the stand-in NVML library
-(the same one the tests use), runs a job that reports its loss and accuracy with a declared
-total, queues a second one behind it, and saves ``job.png`` (a job's charts) and
-``cluster.png`` (the cluster over time and the queue) beside this file.
+(the same one the tests use), runs a short job with another queued behind it, then a job
+that reports its loss and accuracy with a declared total, queues a second one behind it,
+and saves ``job.png`` (a job's charts) and ``cluster.png`` (the cluster over time, the
+queue and a past ETA against its real start) beside this file.
 
     python docs/screenshots/make_screenshots.py
 """
@@ -52,6 +53,20 @@ def main() -> None:
         }
         server = LiveServer(home=Path(tmp) / "home", config=config)
         with serving(server):
+            # A short job holding every GPU and one waiting for it: once it has started, the
+            # queue panel shows how far its first ETA was from its real start.
+            server.submit_ok(
+                manifest_yaml(
+                    "python -c 'import time; time.sleep(4)'",
+                    name="warm-up",
+                    gpus=4,
+                    expected_duration="10s",
+                )
+            )
+            waited = server.submit_ok(
+                manifest_yaml("python -c pass", name="waited-its-turn", gpus=4)
+            )
+            server.wait_status(waited, {"COMPLETED"}, timeout=60)
             job = server.submit_ok(
                 manifest_yaml("python train.py", name="resnet-digits", gpus=2),
                 {"train.py": TRAIN},

@@ -143,6 +143,8 @@ def test_an_elastic_rescale_continues_the_step_counter(platform: LiveServer) -> 
     assert [n for n, _ in starts] == [1, 3] and starts[1][1] >= 3, starts
     assert any(e["to"] == "RESCALING" and "1→3" in e["reason"] for e in model["events"])
     assert views.metric(platform, "ffdl_rescales_total", tenant=tenant) == rescales + 1
+    # The autoscaler sized the elastic job with the optimizer, timed in its histogram.
+    assert views.metric(platform, "ffdl_optimizer_duration_seconds_count") >= 1
     _steps_once(platform, job_id, 80)
 
 
