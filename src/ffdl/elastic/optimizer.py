@@ -15,11 +15,12 @@ Choose for every job ``j`` a GPU count ``g_j`` and a batch size ``b_j`` maximisi
 * ``U_j(g) = max_b T_j(g, b) * E_j(b) / (T_j(1, b0) * E_j(b0))``: the best useful progress over
   the batch candidates (``batch_candidates``: a geometric grid of ``batch_choices`` sizes over
   ``batch_range`` plus ``b0`` and the current batch; only ``b0`` when the job has no range or
-  ``fixed_batch`` asks for the paper's baseline), counting only batches ``b >= g`` so every
-  GPU gets at least one sample. It is normalised by the job's progress on one GPU at its own
-  batch size ``b0``: the value of a GPU is a speed-up, so a huge model and a tiny one
-  compete on how well they use GPUs, not on how many samples per second they happen to
-  process. ``U_j(0) = 0``.
+  ``fixed_batch`` asks for the paper's baseline), counting only batches whose share per GPU
+  ``b / g`` lies inside the job's ``local_batch_range`` (what fits in a GPU's memory and keeps
+  it busy; at least one sample per GPU when the job gives none). It is normalised by the
+  job's progress on one GPU at its own batch size ``b0``: the value of a GPU is a speed-up,
+  so a huge model and a tiny one compete on how well they use GPUs, not on how many samples
+  per second they happen to process. ``U_j(0) = 0``.
 * ``w_j = 1 + priority / 50`` (priority clamped to 0..100, so weights run 1..3 and the
   default priority 50 weighs 2): a priority-100 job's speed-up counts three times a
   priority-0 job's.
@@ -92,6 +93,9 @@ class ElasticJob:
     gpus_per_learner: int = 1  # allocations are multiples of this (a gang of learners)
     model: ThroughputModel
     grad_stats: GradientStats | None = None
+    # Per-GPU batch limits (min, max): what fits in a GPU's memory and keeps it busy. A batch
+    # ``b`` runs on ``g`` GPUs only with ``min <= b / g <= max``; None: at least 1 per GPU.
+    local_batch_range: tuple[int, int] | None = None
     current_gpus: int = 0  # 0: queued, not running
     current_batch: int | None = None  # None while running means base_batch
     waited_s: float = 0.0  # time since the job last made progress (fairness)
@@ -112,6 +116,10 @@ class ElasticJob:
             batch_low, batch_high = self.batch_range
             if not 1 <= batch_low <= self.base_batch <= batch_high:
                 raise ValueError(f"job {self.id}: need 1 <= batch min <= base_batch <= batch max")
+        if self.local_batch_range is not None:
+            local_low, local_high = self.local_batch_range
+            if not 1 <= local_low <= local_high:
+                raise ValueError(f"job {self.id}: need 1 <= local batch min <= local batch max")
         if self.current_gpus < 0:
             raise ValueError(f"job {self.id}: current_gpus must be >= 0")
         if self.current_batch is not None and self.current_batch < 1:
@@ -300,12 +308,17 @@ def _evaluate(
                 priority_weight(job.priority),
                 job.current_gpus,
                 job.effective_current_batch,
+                job.local_batch_range[0] if job.local_batch_range else 1,
+                job.local_batch_range[1] if job.local_batch_range else math.inf,
             )
             for job in jobs
         ],
         dtype=np.float64,
     ).T
-    alpha, beta, gamma, delta, base, noise, weight, current_gpus, current_batch = columns
+    (
+        alpha, beta, gamma, delta, base, noise, weight, current_gpus, current_batch,
+        local_low, local_high,
+    ) = columns  # fmt: skip
 
     def progress_of(g: FloatArray, b: FloatArray, params: tuple[FloatArray, ...]) -> FloatArray:
         a, be, ga, de, b0, ns = params
@@ -318,8 +331,8 @@ def _evaluate(
     grid_params = tuple(p[:, None, None] for p in per_job)
     g = gpu_grid[:, :, None].astype(np.float64)
     b = batch_grid[:, None, :].astype(np.float64)
-    # Every GPU needs at least one sample of the global batch.
-    exists = (g > 0) & (b >= g)
+    # Every GPU gets a share of the batch inside its local limits (at least one sample).
+    exists = (g > 0) & (b >= g * local_low[:, None, None]) & (b <= g * local_high[:, None, None])
     grid = np.where(
         exists, progress_of(np.maximum(g, 1.0), np.maximum(b, 1.0), grid_params), -np.inf
     )
