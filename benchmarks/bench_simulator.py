@@ -8,6 +8,9 @@ number of scheduler and autoscaler calls, and the virtual time covered. The goal
 applies to FIFO on two cores; the elastic policy solves the elastic optimizer at every
 arrival and completion, and has no goal.
 
+Then the policy comparison (``ffdl.sim.compare``): every compared policy on one 160-job
+Philly-derived workload (load 1.0, seed 0) on 64 GPUs, wall time per policy beside FIFO's.
+
 Run: ``python benchmarks/bench_simulator.py [--sample 0.1] [--policies fifo,elastic]``.
 """
 
@@ -59,7 +62,30 @@ def run_isolated(policy: str, sample: float) -> dict[str, float]:
         return pool.submit(run_one, policy, sample).result()
 
 
-def main(sample: float = 1.0, policies: tuple[str, ...] = POLICIES) -> dict[str, float]:
+def compare_walls() -> dict[str, float]:
+    """Wall seconds of each compared policy on the 160-job workload, printed as they go."""
+    from ffdl.sim.compare.engine import ClusterShape, simulate
+    from ffdl.sim.compare.run import POLICIES as COMPARED
+    from ffdl.sim.compare.workloads import WorkloadSpec, build
+    from ffdl.sim.philly import default_trace_path
+
+    jobs = build(WorkloadSpec(load=1.0, seed=0), default_trace_path())
+    walls = {}
+    print(f"\n{len(jobs)} Philly-derived jobs on 64 GPUs (ffdl.sim.compare), one run each")
+    print(f"{'policy':<20} {'wall s':>8} {'x fifo':>7} {'rounds':>7}")
+    for name, make in COMPARED.items():
+        started = time.perf_counter()
+        result = simulate(jobs, make(), ClusterShape())
+        walls[name] = time.perf_counter() - started
+        rounds = result.makespan_s / 60.0
+        ratio = walls[name] / walls["fifo"] if "fifo" in walls else 1.0
+        print(f"{name:<20} {walls[name]:>8.2f} {ratio:>6.1f}x {rounds:>7.0f}")
+    return walls
+
+
+def main(
+    sample: float = 1.0, policies: tuple[str, ...] = POLICIES, compare: bool = True
+) -> dict[str, float]:
     figures = {policy: run_isolated(policy, sample) for policy in policies}
     header = (
         f"{'policy':<10} {'jobs':>7} {'wall s':>8} {'goal s':>7} {'ratio':>6} {'peak MiB':>9} "
@@ -80,12 +106,18 @@ def main(sample: float = 1.0, policies: tuple[str, ...] = POLICIES) -> dict[str,
             f"elastic / fifo: wall {elastic['wall_s'] / fifo['wall_s']:.1f}x, "
             f"peak memory {elastic['peak_mib'] / fifo['peak_mib']:.2f}x"
         )
-    return {f"{policy}_{key}": value for policy, f in figures.items() for key, value in f.items()}
+    result = {f"{policy}_{key}": value for policy, f in figures.items() for key, value in f.items()}
+    if compare:
+        result.update({f"compare_{name}_wall_s": wall for name, wall in compare_walls().items()})
+    return result
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=float, default=1.0, help="fraction of the trace")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated")
+    parser.add_argument(
+        "--no-compare", action="store_true", help="skip the policy comparison's timings"
+    )
     args = parser.parse_args()
-    main(args.sample, tuple(p for p in args.policies.split(",") if p))
+    main(args.sample, tuple(p for p in args.policies.split(",") if p), not args.no_compare)

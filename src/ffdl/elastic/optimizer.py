@@ -173,14 +173,25 @@ def useful_progress(
     return throughput * efficiency(batch, job.base_batch, job.grad_stats)
 
 
-def gpu_candidates(job: ElasticJob, total_gpus: int) -> tuple[int, ...]:
+def gpu_candidates(
+    job: ElasticJob, total_gpus: int, *, fixed_batch: bool = False
+) -> tuple[int, ...]:
     """The non-zero GPU counts the optimizer considers for ``job``, ascending.
 
-    Multiples of ``gpus_per_learner`` in ``gpu_range``, thinned to ``MAX_GPU_CHOICES``
+    Multiples of ``gpus_per_learner`` in ``gpu_range`` (narrowed to the counts some
+    candidate batch can feed within ``local_batch_range``), thinned to ``MAX_GPU_CHOICES``
     geometrically spaced values, plus the current count when it is allowed, capped at
     ``total_gpus``. The thinning ignores ``total_gpus`` so more GPUs never remove a choice.
     """
     low, high = job.gpu_range
+    if job.local_batch_range is not None:
+        smallest, largest = (
+            (job.base_batch, job.base_batch)
+            if fixed_batch or job.batch_range is None
+            else job.batch_range
+        )
+        local_low, local_high = job.local_batch_range
+        low, high = max(low, -(-smallest // local_high)), min(high, largest // local_low)
     step = job.gpus_per_learner
     choices = set(_thinned_multiples(low, high, step, MAX_GPU_CHOICES))
     current = job.current_gpus
@@ -287,7 +298,7 @@ def _evaluate(
     gpus_per_node: int,
 ) -> _Options:
     """Value of every (job, GPU count) option, all jobs at once on a padded grid."""
-    gpu_lists = [gpu_candidates(job, total_gpus) for job in jobs]
+    gpu_lists = [gpu_candidates(job, total_gpus, fixed_batch=fixed_batch) for job in jobs]
     batch_lists = [
         batch_candidates(job, batch_choices=batch_choices, fixed_batch=fixed_batch) for job in jobs
     ]

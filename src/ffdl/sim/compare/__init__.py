@@ -1,0 +1,1 @@
+"""Scheduling policies compared on Philly-derived workloads with memory-bounded batches."""

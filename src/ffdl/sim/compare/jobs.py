@@ -1,0 +1,79 @@
+"""What the policy comparison knows of a job: its model family and what a policy sees of it.
+
+``CompareJob`` is the submitted job (arrival, the GPUs its user asked for, its family, its
+work in useful samples); ``JobView`` is what a policy is shown at a scheduling round: the job,
+its progress, its current allocation and its history. Every policy sees the same views: each
+knows the true goodput model of every job (the oracle that Pollux's and Optimus's fitted
+models approach once a job has run a while), and none is told the work left except through
+``remaining_samples``, which only policies that estimate it (Optimus, ffdl's ``elastic``) use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ffdl.sim.compare.families import Family
+
+
+@dataclass(frozen=True, slots=True)
+class CompareJob:
+    """One submitted job: the GPUs and global batch its user asked for (which a policy that
+    does not adapt runs it at), and its work in samples at its family's ``b0``."""
+
+    id: str
+    submit_s: float
+    family: Family
+    requested_gpus: int
+    requested_batch: int
+    work: float
+
+    def __post_init__(self) -> None:
+        problem = self.family.batch_problem(self.requested_gpus, self.requested_batch)
+        if problem is not None:
+            raise ValueError(f"job {self.id}: {problem}")
+        if self.work <= 0:
+            raise ValueError(f"job {self.id}: work must be > 0")
+
+    def fixed_batch_gpus(self) -> tuple[int, int]:
+        """The GPU counts its requested batch can run on."""
+        return self.family.gpus_for_batch(self.requested_batch)
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A job as a policy sees it at one scheduling round."""
+
+    job: CompareJob
+    progress: float  # fraction of its work done, 0..1
+    gpus: int  # 0: not running
+    batch: int  # its current global batch (its requested batch before it first ran)
+    nodes: int  # machines its GPUs span (0 when not running)
+    attained_gpu_s: float  # GPU-seconds it has held (Tiresias's attained service)
+    waited_s: float  # since it last held GPUs, or since it arrived
+    age_s: float  # since it arrived
+    last_run_s: float  # length of its last stretch with GPUs (Tiresias's starvation rule)
+    restarts: int
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    @property
+    def family(self) -> Family:
+        return self.job.family
+
+    @property
+    def remaining_samples(self) -> float:
+        return self.job.work * (1.0 - self.progress)
+
+    @property
+    def noise_scale(self) -> float:
+        return self.job.family.noise_scale_at(self.progress)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's choice for one job: GPUs (0: none) and the global batch to run at."""
+
+    gpus: int
+    batch: int

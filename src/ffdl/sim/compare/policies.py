@@ -1,0 +1,178 @@
+"""The policies compared, besides Pollux (``pollux.py``): FIFO, Tiresias, Optimus and ffdl's
+own elastic optimizer, with and without batch-size adaptation.
+
+Each is written from its paper, on the views the engine shows (``JobView``), and answers a
+``Decision`` per job. Only ffdl's two call platform code: ``ffdl.elastic.optimizer.optimize``,
+the same pure function the live autoscaler calls.
+
+- ``fifo``: in arrival order, each job at the GPUs its user asked for and its own batch, as
+  soon as they are free; never preempts, never resizes; later jobs backfill when they fit.
+- ``tiresias`` (Gu et al., NSDI'19): discretised two-dimensional least-attained-service. A
+  job's attained service is the GPU-seconds it has held; thresholds split jobs into queues
+  (fewer GPU-seconds, higher queue); inside a queue, first come first served. Every round the
+  jobs are taken in that order at their requested GPUs, and a running job that no longer
+  fits is preempted. A job that waited more than ``starve_factor`` times its last run goes
+  back to the top queue (the paper's starvation guard; off, as in Pollux's evaluation). Its
+  batch is its own.
+- ``optimus`` (Peng et al., EuroSys'18): every job first gets the fewest GPUs that can run its
+  batch, in arrival order while they last; then GPUs go one at a time to the job whose
+  remaining time falls the most for it (marginal gain per GPU), from each job's true speed
+  curve and remaining work (the oracle variant of Pollux's evaluation). Its batch is its own.
+- ``elastic-fixed-batch``: ffdl's optimizer choosing GPU counts at each job's own batch
+  (the elastic scaling paper's baseline, here bounded by memory: a batch of ``b`` runs on
+  ``g`` GPUs only when ``b / g`` fits).
+- ``elastic``: ffdl's optimizer choosing GPU counts and batch sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ffdl.elastic.efficiency import GradientStats
+from ffdl.elastic.optimizer import ElasticJob, optimize
+from ffdl.sim.compare.jobs import Decision, JobView
+
+# Tiresias as Pollux's evaluation configures it: two queues, a job moving to the second once
+# it has held 16 GPU-hours, and no starvation rule (a factor of 0 turns it off).
+TIRESIAS_THRESHOLDS_GPU_S = (16 * 3600.0,)
+TIRESIAS_STARVE_FACTOR = 0.0
+
+
+def _hold(job: JobView) -> Decision:
+    return Decision(0, job.batch)
+
+
+@dataclass
+class Fifo:
+    name: str = "fifo"
+
+    def decide(
+        self, now: float, jobs: Sequence[JobView], total_gpus: int, gpus_per_node: int
+    ) -> Mapping[str, Decision]:
+        free = total_gpus - sum(j.gpus for j in jobs)
+        decisions = {j.id: Decision(j.gpus, j.batch) for j in jobs if j.gpus}
+        for job in sorted((j for j in jobs if not j.gpus), key=lambda j: (j.job.submit_s, j.id)):
+            wanted = job.job.requested_gpus
+            if wanted <= free:
+                decisions[job.id] = Decision(wanted, job.job.requested_batch)
+                free -= wanted
+            else:
+                decisions[job.id] = _hold(job)
+        return decisions
+
+
+@dataclass
+class Tiresias:
+    name: str = "tiresias"
+    thresholds_gpu_s: tuple[float, ...] = TIRESIAS_THRESHOLDS_GPU_S
+    starve_factor: float = TIRESIAS_STARVE_FACTOR
+
+    def queue_of(self, job: JobView) -> int:
+        starving = self.starve_factor * job.last_run_s
+        if starving > 0 and job.waited_s > starving:
+            return 0
+        return sum(1 for limit in self.thresholds_gpu_s if job.attained_gpu_s >= limit)
+
+    def decide(
+        self, now: float, jobs: Sequence[JobView], total_gpus: int, gpus_per_node: int
+    ) -> Mapping[str, Decision]:
+        order = sorted(jobs, key=lambda j: (self.queue_of(j), j.job.submit_s, j.id))
+        free = total_gpus
+        decisions: dict[str, Decision] = {}
+        for job in order:
+            wanted = job.job.requested_gpus
+            if wanted <= free:
+                decisions[job.id] = Decision(wanted, job.job.requested_batch)
+                free -= wanted
+            else:
+                decisions[job.id] = _hold(job)
+        return decisions
+
+
+@dataclass
+class Optimus:
+    name: str = "optimus"
+
+    def decide(
+        self, now: float, jobs: Sequence[JobView], total_gpus: int, gpus_per_node: int
+    ) -> Mapping[str, Decision]:
+        free = total_gpus
+        gpus: dict[str, int] = {}
+        for job in sorted(jobs, key=lambda j: (j.job.submit_s, j.id)):
+            low, _ = job.job.fixed_batch_gpus()
+            if low <= free:
+                gpus[job.id] = low
+                free -= low
+        by_id = {j.id: j for j in jobs}
+
+        def remaining_s(job: JobView, g: int) -> float:
+            family = job.family
+            nodes = -(-g // gpus_per_node)
+            rate = family.goodput(g, nodes, job.job.requested_batch, job.progress)
+            return job.remaining_samples / rate
+
+        while free > 0:
+            best, best_gain = None, 0.0
+            for job_id, g in gpus.items():
+                job = by_id[job_id]
+                _, high = job.job.fixed_batch_gpus()
+                if g + 1 > high:
+                    continue
+                gain = remaining_s(job, g) - remaining_s(job, g + 1)
+                if gain > best_gain:
+                    best, best_gain = job_id, gain
+            if best is None:
+                break
+            gpus[best] += 1
+            free -= 1
+        return {
+            j.id: Decision(gpus[j.id], j.job.requested_batch) if j.id in gpus else _hold(j)
+            for j in jobs
+        }
+
+
+@dataclass
+class FfdlElastic:
+    """ffdl's optimizer; ``fixed_batch`` keeps every job at its own batch."""
+
+    name: str = "elastic"
+    fixed_batch: bool = False
+    restart_penalty: float = 0.1
+    fairness_after_s: float = 600.0
+
+    def decide(
+        self, now: float, jobs: Sequence[JobView], total_gpus: int, gpus_per_node: int
+    ) -> Mapping[str, Decision]:
+        if not jobs:
+            return {}
+        plan = optimize(
+            [self._elastic_job(j) for j in jobs],
+            total_gpus,
+            restart_penalty=self.restart_penalty,
+            fairness_after_s=self.fairness_after_s,
+            fixed_batch=self.fixed_batch,
+            gpus_per_node=gpus_per_node,
+        )
+        return {
+            a.job_id: Decision(a.gpus, a.batch_size or jobs[i].batch)
+            for i, a in enumerate(plan.allocations)
+        }
+
+    def _elastic_job(self, view: JobView) -> ElasticJob:
+        family = view.family
+        low, high = view.job.fixed_batch_gpus() if self.fixed_batch else family.adaptive_gpus()
+        return ElasticJob(
+            id=view.id,
+            priority=50,
+            gpu_range=(low, high),
+            batch_range=family.batch_range,
+            base_batch=view.job.requested_batch,
+            local_batch_range=family.local_batch,
+            model=family.model,
+            grad_stats=GradientStats(sq_norm=1.0, variance=view.noise_scale),
+            current_gpus=view.gpus,
+            current_batch=view.batch if view.gpus else None,
+            waited_s=view.waited_s,
+            remaining_samples=view.remaining_samples,
+        )

@@ -1,0 +1,31 @@
+"""The ranking of the compared policies on a short Philly-derived workload, pinned: 40 jobs
+(load 0.25 of the 160-job window) on 4 nodes of 4 GPUs, Pollux with a smaller search."""
+
+from __future__ import annotations
+
+import statistics
+
+from ffdl.sim.compare.engine import ClusterShape, simulate
+from ffdl.sim.compare.pollux import Pollux
+from ffdl.sim.compare.run import POLICIES
+from ffdl.sim.compare.workloads import WorkloadSpec, build
+from ffdl.sim.philly import default_trace_path
+
+# By average JCT, best first, as measured when this test was written.
+RANKING = ["pollux", "elastic", "fifo", "elastic-fixed-batch", "tiresias", "optimus"]
+ADAPTIVE = {"pollux", "elastic"}
+
+
+def test_the_policies_rank_as_pinned_and_batch_adaptation_leads_clearly() -> None:
+    jobs = build(WorkloadSpec(load=0.25, seed=3), default_trace_path())
+    shape = ClusterShape(nodes=4, gpus_per_node=4)
+    average = {}
+    for name, make in POLICIES.items():
+        policy = Pollux(population=24, generations=10) if name == "pollux" else make()
+        result = simulate(jobs, policy, shape)
+        assert result.completed == len(jobs), name
+        average[name] = statistics.fmean(result.jcts())
+    assert sorted(average, key=average.__getitem__) == RANKING, average
+    worst_adaptive = max(average[n] for n in ADAPTIVE)
+    best_fixed = min(v for n, v in average.items() if n not in ADAPTIVE)
+    assert worst_adaptive < 0.85 * best_fixed, average
