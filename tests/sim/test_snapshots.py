@@ -6,8 +6,8 @@ import pytest
 
 from ffdl.core.resources import Node
 from ffdl.sim.engine import SimConfig, Simulator
+from ffdl.sim.free_index import FreeIndex
 from ffdl.sim.policies import make_policy
-from ffdl.sim.snapshots import FreeIndex
 from ffdl.sim.workload import Discrete, SimJob, SyntheticSpec, synthetic, talk_cpus_per_learner
 
 NODES = [Node(f"node-{i:02d}", 4, 32.0, 131072) for i in range(12)]

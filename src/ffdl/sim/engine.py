@@ -1,8 +1,9 @@
 """The discrete-event engine: virtual clock, event loop, jobs' progress, and the cluster state.
 
-Owns time and bookkeeping; decisions belong to a policy (``ffdl.sim.policies``), which reads
-the state through this engine and acts through ``start``, ``preempt``, ``rescale``,
-``resize`` and ``hold``, as the live loops act through the store.
+Owns time and bookkeeping; decisions belong to a policy (any ``ffdl.sim.state.Policy``; the
+engine never imports the policies), which reads the state through the ``SimState`` this
+engine is and acts through ``start``, ``preempt``, ``rescale``, ``resize`` and ``hold``, as
+the live loops act through the store.
 
 Events are job arrivals, learner exits reported by the fake backend (completions, halts),
 timer ticks and metric samples. All events at the same virtual time are handled together,
@@ -27,34 +28,23 @@ import bisect
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ffdl.backends.fake import FakeBackend, LearnerExit, LearnerScript, fake_request
 from ffdl.core.resources import LearnerPlacement, Node, Placement
 from ffdl.core.status import LearnerStatus
 from ffdl.scheduler.free import NodeFree
 from ffdl.scheduler.snapshot import QueuedJob, RunningJob
+from ffdl.sim.free_index import FreeIndex
 from ffdl.sim.jobs import JobRecord, JobState, SimConfig, SimulationError
 from ffdl.sim.metrics import JobOutcome, Series, SimResult, fragmented_gpus
-from ffdl.sim.snapshots import FreeIndex
+from ffdl.sim.state import FreeSlots, Policy
 from ffdl.sim.workload import SimJob
-
-if TYPE_CHECKING:
-    from ffdl.sim.policies import Policy
 
 __all__ = ["JobRecord", "JobState", "SimConfig", "SimulationError", "Simulator"]
 
 # Sample count aimed for when the sampling interval is chosen automatically.
 _TARGET_SAMPLES = 1500
-
-
-@dataclass(slots=True)
-class _Free:
-    gpus: int
-    cpus: float
-    memory_mb: int
-    gpu_ids: list[int]
 
 
 class Simulator:
@@ -87,7 +77,7 @@ class Simulator:
         self.total_gpus = sum(n.gpus for n in self.nodes if n.schedulable)
         self.now = 0.0
         self.free = {
-            n.name: _Free(n.gpus, n.cpus, n.memory_mb, list(range(n.gpus))) for n in self.nodes
+            n.name: FreeSlots(n.gpus, n.cpus, n.memory_mb, list(range(n.gpus))) for n in self.nodes
         }
         self._node_of = {n.name: n for n in self.nodes}
         self.free_totals = [

@@ -37,6 +37,7 @@ from ffdl.sim.jobs import JobState, SimConfig
 from ffdl.sim.philly import TraceFilter, load_philly
 from ffdl.sim.policies import SchedulerPolicy
 from ffdl.sim.snapshots import build_snapshot
+from ffdl.sim.state import SimState
 from ffdl.sim.workload import SimJob
 
 DECLARED_SIGMA = 0.7
@@ -53,10 +54,10 @@ class EtaWatch(SchedulerPolicy):
     ends: list[tuple[str, float, float]] = field(default_factory=list)
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def wants_pass(self, sim: Simulator) -> bool:
+    def wants_pass(self, sim: SimState) -> bool:
         return bool(sim.queue) or bool(sim.running)
 
-    def decide(self, sim: Simulator) -> None:
+    def decide(self, sim: SimState) -> None:
         self._estimate_running(sim)
         records = list(sim.queued_in_order())
         built = build_snapshot(
@@ -76,7 +77,7 @@ class EtaWatch(SchedulerPolicy):
                 self.first_eta[start.job_id] = sim.now  # started at its first look
             sim.start(sim.records[start.job_id], start.placement)
 
-    def _estimate_running(self, sim: Simulator) -> None:
+    def _estimate_running(self, sim: SimState) -> None:
         for record in sim.running.values():
             view = record.running_view
             if view is None or record.state != JobState.RUNNING:

@@ -29,7 +29,7 @@ rejects at arrival a job that could never fit the cluster, as the API does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from ffdl.core.resources import LearnerPlacement, Resources
 from ffdl.elastic.autoscale import Candidate, autoscale
@@ -43,7 +43,7 @@ from ffdl.sim.snapshots import build_snapshot
 from ffdl.sim.workload import SimJob
 
 if TYPE_CHECKING:
-    from ffdl.sim.engine import Simulator
+    from ffdl.sim.state import Policy, SimState
 
 POLICY_NAMES = (
     "fifo",
@@ -54,22 +54,6 @@ POLICY_NAMES = (
     "learner-at-a-time",
 )
 FLAT_PRIORITY = 50
-
-
-class Policy(Protocol):
-    name: str
-    placement: str  # the cluster's default placement: "pack" or "spread"
-    time_dependent: bool  # whether a pass may decide differently later with nothing changed
-
-    def priority_of(self, job: SimJob) -> int: ...
-
-    def queue_key(self, job: SimJob) -> tuple[int, float, str]: ...
-
-    def admit(self, sim: Simulator, job: SimJob) -> JobRecord: ...
-
-    def wants_pass(self, sim: Simulator) -> bool: ...
-
-    def decide(self, sim: Simulator) -> None: ...
 
 
 @dataclass(slots=True)
@@ -86,7 +70,7 @@ class _Base:
     def queue_key(self, job: SimJob) -> tuple[int, float, str]:
         return (-self.priority_of(job), job.submit_s, job.id)
 
-    def admit(self, sim: Simulator, job: SimJob) -> JobRecord:
+    def admit(self, sim: SimState, job: SimJob) -> JobRecord:
         elastic = self.elastic and job.elastic_gpus is not None and job.per_learner.gpus > 0
         record = JobRecord(
             job=job,
@@ -105,11 +89,11 @@ class _Base:
             record.learners = smallest
         return record
 
-    def wants_pass(self, sim: Simulator) -> bool:
+    def wants_pass(self, sim: SimState) -> bool:
         return bool(sim.queue)
 
 
-def _never_fits(sim: Simulator, learners: int, per: Resources) -> bool:
+def _never_fits(sim: SimState, learners: int, per: Resources) -> bool:
     memo = sim.cache.setdefault("never_fits", {})
     assert isinstance(memo, dict)
     key = (learners, per)
@@ -126,13 +110,13 @@ class SchedulerPolicy(_Base):
     backfill: bool = True
     preemption: bool = True
 
-    def decide(self, sim: Simulator) -> None:
+    def decide(self, sim: SimState) -> None:
         records = list(sim.queued_in_order())
         scheduler_pass(sim, records, self.backfill, self.preemption, self.placement)
 
 
 def scheduler_pass(
-    sim: Simulator, records: list[JobRecord], backfill: bool, preemption: bool, placement: str
+    sim: SimState, records: list[JobRecord], backfill: bool, preemption: bool, placement: str
 ) -> None:
     """Call ``schedule`` on a snapshot of ``records`` and apply its starts and preemptions."""
     built = build_snapshot(
@@ -161,15 +145,15 @@ class ElasticPolicy(_Base):
     fairness_after_s: float = 600.0
     min_rescale_interval_s: float = 120.0
 
-    def wants_pass(self, sim: Simulator) -> bool:
+    def wants_pass(self, sim: SimState) -> bool:
         return bool(sim.queue) or any(r.elastic for r in sim.running.values())
 
-    def decide(self, sim: Simulator) -> None:
+    def decide(self, sim: SimState) -> None:
         if self._autoscale(sim):
             sim.settle()
         scheduler_pass(sim, list(sim.queued_in_order()), True, True, self.placement)
 
-    def _autoscale(self, sim: Simulator) -> bool:
+    def _autoscale(self, sim: SimState) -> bool:
         """One autoscaler pass, as ``ffdl.server.loops.autoscaler`` makes it; True if it
         rescaled a running job."""
         capacity = sim.total_gpus
@@ -225,7 +209,7 @@ class ElasticPolicy(_Base):
                 rescaled = True
         return rescaled
 
-    def _elastic_job(self, sim: Simulator, record: JobRecord, running: bool) -> ElasticJob:
+    def _elastic_job(self, sim: SimState, record: JobRecord, running: bool) -> ElasticJob:
         # A running job's view only changes when it restarts (its waited time stays 0).
         if (
             running
@@ -258,7 +242,7 @@ class ElasticPolicy(_Base):
 class LearnerAtATimePolicy(_Base):
     """Places learners one by one, round robin over waiting jobs, without gang scheduling."""
 
-    def decide(self, sim: Simulator) -> None:
+    def decide(self, sim: SimState) -> None:
         waiting = list(sim.queued_in_order())
         placed = True
         while placed and waiting:
@@ -273,7 +257,7 @@ class LearnerAtATimePolicy(_Base):
             waiting = [r for r in waiting if r.state == JobState.QUEUED]
 
     @staticmethod
-    def _first_fit(sim: Simulator, record: JobRecord) -> LearnerPlacement | None:
+    def _first_fit(sim: SimState, record: JobRecord) -> LearnerPlacement | None:
         per = record.job.per_learner
         for node in sim.nodes:
             free = sim.free[node.name]

@@ -38,7 +38,6 @@ of the window does not start, it is made again on the whole cluster and only tha
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -49,13 +48,13 @@ from ffdl.scheduler.queue import DEFAULT_AGING_THRESHOLD_S, has_aged
 from ffdl.scheduler.snapshot import RunningJob, Snapshot
 
 if TYPE_CHECKING:
-    from ffdl.sim.engine import Simulator
     from ffdl.sim.jobs import JobRecord
+    from ffdl.sim.state import SimState
 
 _CPU_EPSILON = 1e-9
 
 
-def running_views(sim: Simulator) -> tuple[RunningJob, ...]:
+def running_views(sim: SimState) -> tuple[RunningJob, ...]:
     return tuple(r.running_view for r in sim.running.values() if r.running_view is not None)
 
 
@@ -68,7 +67,7 @@ class PassInput:
     window: list[JobRecord]
     optimistic: bool = False
 
-    def full(self, sim: Simulator) -> Snapshot:
+    def full(self, sim: SimState) -> Snapshot:
         return Snapshot(
             now=self.snapshot.now,
             nodes=sim.nodes,
@@ -79,7 +78,7 @@ class PassInput:
 
 
 def build_snapshot(
-    sim: Simulator,
+    sim: SimState,
     records: Sequence[JobRecord],
     *,
     backfill: bool,
@@ -121,7 +120,7 @@ def build_snapshot(
     return PassInput(snapshot, window, optimistic)
 
 
-def _fit_totals(sim: Simulator, window: Sequence[JobRecord]) -> bool:
+def _fit_totals(sim: SimState, window: Sequence[JobRecord]) -> bool:
     gpus, cpus, memory = sim.free_totals
     for record in window:
         total = sim.queued_view(record).total
@@ -131,7 +130,7 @@ def _fit_totals(sim: Simulator, window: Sequence[JobRecord]) -> bool:
     return gpus >= 0 and cpus >= -_CPU_EPSILON and memory >= 0
 
 
-def _prefix_window(sim: Simulator, records: Sequence[JobRecord]) -> list[JobRecord]:
+def _prefix_window(sim: SimState, records: Sequence[JobRecord]) -> list[JobRecord]:
     gpus, cpus, memory = sim.free_totals
     window = []
     for record in records:
@@ -146,7 +145,7 @@ def _prefix_window(sim: Simulator, records: Sequence[JobRecord]) -> list[JobReco
 
 
 def _general_window(
-    sim: Simulator, records: Sequence[JobRecord], *, backfill: bool, preemption: bool
+    sim: SimState, records: Sequence[JobRecord], *, backfill: bool, preemption: bool
 ) -> list[JobRecord]:
     gpus, cpus, memory = sim.free_totals
     lowest_running = min(
@@ -181,56 +180,7 @@ def _general_window(
     return window
 
 
-class FreeIndex:
-    """Nodes by free GPUs, each level in cluster order, kept up to date by the engine.
-
-    A node is *proportional* when its free CPUs and memory are at least its free GPUs times
-    the largest CPUs and memory per GPU any job of the run asks for: then GPUs alone bound
-    how many learners of any job fit there. Other nodes are listed apart and always kept.
-    """
-
-    def __init__(self, nodes: Sequence[Node], cpus_per_gpu: float, memory_per_gpu_mb: float):
-        self.nodes = tuple(nodes)
-        self.position = {n.name: i for i, n in enumerate(self.nodes)}
-        top = max((n.gpus for n in self.nodes), default=0)
-        self.levels: list[list[int]] = [[] for _ in range(top + 1)]
-        self.irregular: dict[int, int] = {}  # position -> free GPUs, for the other nodes
-        self._where: dict[int, tuple[int, bool]] = {}
-        self._cpus_per_gpu = cpus_per_gpu
-        self._memory_per_gpu_mb = memory_per_gpu_mb
-
-    def update(self, name: str, gpus: int, cpus: float, memory_mb: int) -> None:
-        position = self.position[name]
-        previous = self._where.get(position)
-        if previous is not None:
-            level, proportional = previous
-            if proportional:
-                row = self.levels[level]
-                del row[bisect.bisect_left(row, position)]
-            else:
-                self.irregular.pop(position, None)
-        level = max(gpus, 0)
-        proportional = (
-            cpus + _CPU_EPSILON >= level * self._cpus_per_gpu
-            and memory_mb >= level * self._memory_per_gpu_mb
-        )
-        if proportional:
-            bisect.insort(self.levels[level], position)
-        else:
-            self.irregular[position] = level
-        self._where[position] = (level, proportional)
-
-    def subset(self, per_level: int) -> list[Node]:
-        """Every irregular node with a free GPU and the first ``per_level`` proportional nodes
-        of every free-GPU level from 1 up, in cluster order."""
-        chosen = [p for p, level in self.irregular.items() if level > 0]
-        for row in self.levels[1:]:
-            chosen.extend(row[:per_level])
-        chosen.sort()
-        return [self.nodes[p] for p in chosen]
-
-
-def _uniform(sim: Simulator) -> bool:
+def _uniform(sim: SimState) -> bool:
     cached = sim.cache.get("uniform")
     if cached is None:
         first = sim.nodes[0]
@@ -246,7 +196,7 @@ def _uniform(sim: Simulator) -> bool:
 
 
 def _node_subset(
-    sim: Simulator, window: Sequence[JobRecord]
+    sim: SimState, window: Sequence[JobRecord]
 ) -> tuple[tuple[Node, ...], tuple[RunningJob, ...]] | None:
     if not window or not _uniform(sim):
         return None
