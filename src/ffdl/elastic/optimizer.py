@@ -20,7 +20,10 @@ Choose for every job ``j`` a GPU count ``g_j`` and a batch size ``b_j`` maximisi
   it busy; at least one sample per GPU when the job gives none). It is normalised by the
   job's progress on one GPU at its own batch size ``b0``: the value of a GPU is a speed-up,
   so a huge model and a tiny one compete on how well they use GPUs, not on how many samples
-  per second they happen to process. ``U_j(0) = 0``.
+  per second they happen to process. ``U_j(0) = 0``. ``T_j * E_j`` is the job's goodput:
+  the fitted step-time model times the noise-scale efficiency, evaluated for all jobs at
+  once, or, for a job that brings one, its own ``GoodputModel`` (``ffdl.elastic.goodput``: a
+  measured or externally given curve, taken as it is rather than fitted to that form).
 * ``w_j = 1 + priority / 50`` (priority clamped to 0..100, so weights run 1..3 and the
   default priority 50 weighs 2): a priority-100 job's speed-up counts three times a
   priority-0 job's.
@@ -73,6 +76,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ffdl.elastic.efficiency import GradientStats, efficiencies_for, efficiency, noise_scale
+from ffdl.elastic.goodput import GoodputModel, goodput_at
 from ffdl.elastic.throughput import FloatArray, ThroughputModel, step_times
 
 MAX_GPU_CHOICES = 16
@@ -93,6 +97,9 @@ class ElasticJob:
     gpus_per_learner: int = 1  # allocations are multiples of this (a gang of learners)
     model: ThroughputModel
     grad_stats: GradientStats | None = None
+    # Any other goodput curve (measured, profiled): when given, it is what the optimizer
+    # values, and ``model`` and ``grad_stats`` are not used.
+    goodput: GoodputModel | None = None
     # Per-GPU batch limits (min, max): what fits in a GPU's memory and keeps it busy. A batch
     # ``b`` runs on ``g`` GPUs only with ``min <= b / g <= max``; None: at least 1 per GPU.
     local_batch_range: tuple[int, int] | None = None
@@ -169,6 +176,8 @@ def useful_progress(
     """Useful samples per second ``T(g, b) * E(b)`` of ``job`` at ``gpus`` and ``batch``."""
     if gpus == 0:
         return 0.0
+    if job.goodput is not None:
+        return goodput_at(job.goodput, gpus, nodes_for(gpus, gpus_per_node), batch)
     throughput = job.model.throughput(gpus, batch, nodes_for(gpus, gpus_per_node))
     return throughput * efficiency(batch, job.base_batch, job.grad_stats)
 
@@ -347,13 +356,19 @@ def _evaluate(
     grid = np.where(
         exists, progress_of(np.maximum(g, 1.0), np.maximum(b, 1.0), grid_params), -np.inf
     )
+    reference = progress_of(np.ones_like(base), base, per_job)
+    current = progress_of(np.maximum(current_gpus, 1.0), current_batch, per_job)
+    for j, job in enumerate(jobs):
+        if job.goodput is not None:
+            grid[j], reference[j], current[j] = _use_own_goodput(
+                job, gpu_grid[j].astype(np.float64), batch_grid[j].astype(np.float64),
+                exists[j], gpus_per_node,
+            )  # fmt: skip
     best_index = np.argmax(grid, axis=2)
     best_progress = np.take_along_axis(grid, best_index[:, :, None], axis=2)[:, :, 0]
     best_batch = np.take_along_axis(batch_grid, best_index, axis=1)
 
-    reference = progress_of(np.ones_like(base), base, per_job)
     running = current_gpus > 0
-    current = progress_of(np.maximum(current_gpus, 1.0), current_batch, per_job)
     penalty = np.where(running, restart_penalty * current / reference, 0.0)
     utility = weight[:, None] * (best_progress / reference[:, None] - penalty[:, None])
 
@@ -388,6 +403,33 @@ def _evaluate(
         value=utility.copy(),
         preferred=preferred,
     )
+
+
+def _use_own_goodput(
+    job: ElasticJob,
+    gpus: FloatArray,
+    batches: FloatArray,
+    exists: npt.NDArray[np.bool_],
+    gpus_per_node: int,
+) -> tuple[FloatArray, float, float]:
+    """``job``'s row of the option grid (GPU options x batch options), its reference (one
+    GPU at ``b0``) and its current progress, from its own goodput model."""
+    assert job.goodput is not None
+    g = np.broadcast_to(np.maximum(gpus, 1.0)[:, None], exists.shape)
+    b = np.broadcast_to(np.maximum(batches, 1.0)[None, :], exists.shape)
+    nodes = np.maximum(1.0, np.ceil(g / gpus_per_node))
+    row = np.where(exists, job.goodput.goodput(g, nodes, b), -np.inf)
+    reference = goodput_at(job.goodput, 1, 1, job.base_batch)
+    if reference <= 0:
+        raise ValueError(f"job {job.id}: its goodput on one GPU at its own batch must be > 0")
+    current_gpus = max(job.current_gpus, 1)
+    current = goodput_at(
+        job.goodput,
+        current_gpus,
+        nodes_for(current_gpus, gpus_per_node),
+        job.effective_current_batch,
+    )
+    return row, reference, current
 
 
 def _add_fairness_terms(
