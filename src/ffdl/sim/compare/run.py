@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import statistics
 import sys
 import time
@@ -67,7 +68,11 @@ def run_matrix(
     trace: Path,
     shape: ClusterShape,
     say: Callable[[str], None] = print,
+    make: Callable[[str], Policy] | None = None,
 ) -> list[Run]:
+    """Every policy on every (load, seed) workload; ``make`` builds a policy by name
+    (default: ``POLICIES``)."""
+    make = make or (lambda name: POLICIES[name]())
     runs = []
     for load in loads:
         for seed in seeds:
@@ -76,7 +81,7 @@ def run_matrix(
             )
             for name in policies:
                 started = time.perf_counter()
-                result = simulate(jobs, POLICIES[name](), shape)
+                result = simulate(jobs, make(name), shape)
                 wall = time.perf_counter() - started
                 run = Run(name, load, seed, figures_of(result, shape.gpus), wall)
                 runs.append(run)
@@ -110,8 +115,11 @@ def ratio_rows(runs: Sequence[Run], against: str = "pollux") -> list[list[str]]:
     for load in sorted({r.load for r in runs}):
         base = {r.seed: r for r in runs if r.load == load and r.policy == against}
         for policy in sorted({r.policy for r in runs}, key=_order):
-            pairs = [(r, base[r.seed]) for r in runs if r.load == load and r.policy == policy]
-            pairs = [(r, b) for r, b in pairs if b is not None]
+            pairs = [
+                (r, base[r.seed])
+                for r in runs
+                if r.load == load and r.policy == policy and r.seed in base
+            ]
             if not pairs or policy == against:
                 continue
             avg = [r.figures["avg_jct_h"] / b.figures["avg_jct_h"] for r, b in pairs]
@@ -153,11 +161,15 @@ def write_report(runs: Sequence[Run], directory: Path, command: str) -> None:
         "",
         markdown(SUMMARY_HEADER, summary_rows(runs)),
         "",
-        "Paired by seed, against Pollux (mean, and the range over seeds):",
-        "",
-        markdown(RATIO_HEADER, ratio_rows(runs)),
-        "",
     ]
+    ratios = ratio_rows(runs)
+    if ratios:
+        text += [
+            "Paired by seed, against Pollux (mean, and the range over seeds):",
+            "",
+            markdown(RATIO_HEADER, ratios),
+            "",
+        ]
     (directory / "summary.md").write_text("\n".join(text))
     _plot(runs, directory / "avg_jct.png")
 
@@ -213,6 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--trace", type=Path, default=None)
     parser.add_argument("--report", type=Path, default=None, help="directory for the report")
+    parser.add_argument(
+        "--restart-penalty", type=float, default=None, help="for ffdl's two policies"
+    )
+    parser.add_argument(
+        "--fairness-after-s", type=float, default=None, help="for ffdl's two policies"
+    )
     args = parser.parse_args(argv)
     try:
         loads = [float(x) for x in args.loads.split(",")]
@@ -227,7 +245,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not trace.exists():
         parser.error(f"the Philly trace is not at {trace} (see data/README.md)")
     shape = ClusterShape(nodes=args.nodes, gpus_per_node=args.gpus_per_node)
-    runs = run_matrix(policies, loads, seeds, trace=trace, shape=shape)
+    tuned = {
+        key: value
+        for key, value in (
+            ("restart_penalty", args.restart_penalty),
+            ("fairness_after_s", args.fairness_after_s),
+        )
+        if value is not None
+    }
+    if any(value < 0 for value in tuned.values()):
+        parser.error("--restart-penalty and --fairness-after-s must be >= 0")
+
+    def make(name: str) -> Policy:
+        policy = POLICIES[name]()
+        if isinstance(policy, FfdlElastic):
+            policy = dataclasses.replace(policy, **tuned)  # type: ignore[arg-type]
+        return policy
+
+    runs = run_matrix(policies, loads, seeds, trace=trace, shape=shape, make=make)
     print()
     print(markdown(SUMMARY_HEADER, summary_rows(runs)))
     if "pollux" in policies:

@@ -1,0 +1,48 @@
+"""``python -m ffdl.sim.compare`` and its seed-paper companion, run as a user runs them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_a_short_comparison_prints_its_table_and_writes_its_report(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    done = run(
+        "ffdl.sim.compare",
+        "--policies", "fifo,elastic", "--loads", "0.1", "--seeds", "0,1",
+        "--report", str(report),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "| 0.1 | fifo |" in done.stdout and "| 0.1 | elastic |" in done.stdout
+    assert {p.name for p in report.iterdir()} == {"summary.md", "runs.csv", "avg_jct.png"}
+    rows = (report / "runs.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * 2 and rows[0].startswith("policy,load,seed,avg_jct_h")
+    assert (
+        "python -m ffdl.sim.compare --policies fifo,elastic" in (report / "summary.md").read_text()
+    )
+
+
+def test_bad_input_is_refused_by_name() -> None:
+    unknown = run("ffdl.sim.compare", "--policies", "fifo,slurm")
+    assert unknown.returncode == 2 and "unknown policy 'slurm'" in unknown.stderr
+    loads = run("ffdl.sim.compare", "--loads", "one")
+    assert loads.returncode == 2 and "--loads takes numbers" in loads.stderr
+    penalty = run("ffdl.sim.compare", "--restart-penalty", "-1")
+    assert penalty.returncode == 2 and "must be >= 0" in penalty.stderr
+    horizon = run("ffdl.sim.compare.seed_paper", "--horizon-h", "0")
+    assert horizon.returncode == 2 and "--horizon-h must be > 0" in horizon.stderr
+
+
+def test_the_seed_paper_experiment_prints_both_ratios() -> None:
+    done = run("ffdl.sim.compare.seed_paper", "--loads", "0.1", "--seeds", "0", "--horizon-h", "12")
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| 0.1 | 16 |"))
+    assert row.count("×") == 2
