@@ -427,6 +427,17 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, str]] = [
      "elastic.schedule[0].at_epoch", "C104"),
     ("batch_size min above max", elastic(batch_size={"min": 512, "max": 64}),
      "elastic.batch_size.max", "C104"),
+    ("local batch without a global batch", elastic(local_batch_size={"min": 8, "max": 64}),
+     "elastic.local_batch_size", "C104"),
+    ("local batch min above max",
+     elastic(batch_size={"min": 64, "max": 512}, local_batch_size={"min": 64, "max": 8}),
+     "elastic.local_batch_size.max", "C104"),
+    ("no gpu count fits the local limits",
+     elastic(batch_size={"min": 64, "max": 128}, local_batch_size={"min": 256, "max": 512}),
+     "elastic.local_batch_size", "C104"),
+    ("the starting size does not fit the local limits",
+     elastic(batch_size={"min": 512, "max": 1024}, local_batch_size={"min": 16, "max": 128}),
+     "elastic.local_batch_size", "C104"),
 ]  # fmt: skip
 
 
@@ -637,3 +648,15 @@ def test_from_dict_rejects_invalid_data_with_manifest_errors() -> None:
     with pytest.raises(ManifestError) as caught:
         Manifest.from_dict(["not", "a", "mapping"])  # type: ignore[arg-type]
     assert caught.value.field == "manifest"
+
+
+def test_per_gpu_batch_limits_are_read_with_the_elastic_ranges() -> None:
+    text = manifest_text(
+        **elastic(
+            2, 8, batch_size={"min": 128, "max": 1024}, local_batch_size={"min": 32, "max": 64}
+        )
+    )
+    manifest = parse_manifest(text)
+    assert manifest.elastic is not None and manifest.elastic.local_batch_size is not None
+    limits = manifest.elastic.local_batch_size
+    assert (limits.min, limits.max) == (32, 64)

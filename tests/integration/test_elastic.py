@@ -174,3 +174,41 @@ def test_elastic_schedule_resizes_the_job_at_the_given_epoch(elastic_server: Liv
     starts = _starts(server, job_id)
     assert [n for n, _, _ in starts][:2] == [1, 3] and starts[1][2] >= 30, starts
     server.client.delete(f"/v1/models/{job_id}")
+
+
+def test_the_autoscaler_keeps_each_gpus_share_inside_the_manifests_local_limits(
+    tmp_path: Path,
+) -> None:
+    # Left alone, the optimizer would grow the batch to 1024 on the 4 free GPUs (256 per GPU);
+    # at most 128 per GPU fit, so on 4 GPUs the batch stays at 512 or below.
+    limits = {
+        "gpus": {"min": 1, "max": 4},
+        "batch_size": {"min": 64, "max": 1024},
+        "local_batch_size": {"min": 64, "max": 128},
+    }
+    with serving(LiveServer(home=tmp_path / "home", config=elastic_config(1))) as server:
+        manifest = manifest_yaml("python steps.py", elastic=limits)
+        job_id = server.submit_ok(manifest, {"steps.py": ELASTIC_STEPS.replace("TOTAL", "600")})
+        grown = _wait_learners(server, job_id, 4)  # idle GPUs: the autoscaler grows it
+        assert any(e["to"] == "RESCALING" for e in grown["events"])
+        wait_for(lambda: len(_starts(server, job_id)) >= 2, timeout=30, what="a second start")
+        shapes = [
+            (int(m.group(1)), int(m.group(2)))
+            for item in server.loglines(job_id)
+            if (m := re.match(r"learner 1/\d+ gpus=(\d+) batch=(\d+)", item["line"]))
+        ]
+        assert shapes[0] == (1, 64) and shapes[-1][0] == 4, shapes
+        assert all(64 * gpus <= batch <= 128 * gpus for gpus, batch in shapes), shapes
+        server.client.delete(f"/v1/models/{job_id}")
+
+        # A user's pin is checked against the same limits: 64 per GPU exactly, 64..128 in all.
+        narrow = {
+            **limits,
+            "batch_size": {"min": 64, "max": 128},
+            "local_batch_size": {"min": 64, "max": 64},
+        }
+        pinned = server.submit_ok(manifest_yaml("python -c 'pass'", elastic=narrow))
+        refused = server.client.patch(f"/v1/models/{pinned}", json={"gpus": 4})
+        assert refused.status_code == 400, refused.text
+        assert "choose 1..2" in refused.json()["description"]
+        server.client.delete(f"/v1/models/{pinned}")

@@ -298,13 +298,37 @@ class ScheduleStep(_Section):
 
 
 class ElasticSpec(_Section):
-    """The range of total GPUs a job can be rescaled within, and an optional fixed schedule."""
+    """The range of total GPUs a job can be rescaled within, its global batch range, the
+    per-GPU batch limits of its model (the most samples one GPU's memory holds, the fewest
+    that keep it busy), and an optional fixed schedule."""
 
     gpus: IntRange
     batch_size: IntRange | None = None
+    local_batch_size: IntRange | None = None
     schedule: Annotated[list[ScheduleStep], BeforeValidator(list_or_empty)] = Field(
         default_factory=list
     )
+
+    @model_validator(mode="after")
+    def _local_batches_reachable(self) -> ElasticSpec:
+        local = self.local_batch_size
+        if local is None:
+            return self
+        if self.batch_size is None:
+            raise invalid(
+                "needs elastic.batch_size: per-GPU limits bound a global batch", "local_batch_size"
+            )
+        batches = self.batch_size
+        low = max(self.gpus.min, -(-batches.min // local.max))
+        high = min(self.gpus.max, batches.max // local.min)
+        if low > high:
+            reason = (
+                f"no GPU count in elastic.gpus ({self.gpus.min}..{self.gpus.max}) can run a "
+                f"batch of elastic.batch_size ({batches.min}..{batches.max}) at "
+                f"{local.min}..{local.max} per GPU"
+            )
+            raise invalid(reason, "local_batch_size")
+        return self
 
     @model_validator(mode="after")
     def _schedule_within_range(self) -> ElasticSpec:
@@ -360,6 +384,16 @@ class Manifest(_Section):
             if not allowed.contains(total_gpus):
                 reason = f"must contain the job's starting GPUs (gpus * learners = {total_gpus})"
                 raise invalid(f"{reason}, got {allowed.min}..{allowed.max}", "elastic", "gpus")
+            local, batches = self.elastic.local_batch_size, self.elastic.batch_size
+            if local is not None and batches is not None and total_gpus:
+                per_gpu = batches.min / total_gpus
+                if not local.min <= per_gpu <= local.max:
+                    reason = (
+                        f"the job starts on {total_gpus} GPU(s) at batch {batches.min} "
+                        f"(elastic.batch_size.min), {per_gpu:g} per GPU, outside "
+                        f"{local.min}..{local.max}"
+                    )
+                    raise invalid(reason, "elastic", "local_batch_size")
         return self
 
     @property

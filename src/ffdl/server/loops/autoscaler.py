@@ -184,6 +184,11 @@ class AutoscalerLoop:
                 batch_range=batch_range,
                 base_batch=base_batch,
                 gpus_per_learner=per,
+                local_batch_range=(
+                    None
+                    if elastic.local_batch_size is None or batch_range is None
+                    else (elastic.local_batch_size.min, elastic.local_batch_size.max)
+                ),
                 model=learned.model if learned else prior(),
                 grad_stats=grad_stats,
                 current_gpus=gpus,

@@ -124,7 +124,8 @@ def scale_job(platform: Platform, principal: Principal, job_id: str, gpus: Any) 
         job = _load_for_change(session, principal, job_id, "job.scale", f"gpus={gpus}")
         if is_terminal(JobStatus(job.status)):
             raise ConflictError(f"cannot scale {job_id}: it is {job.status}")
-        elastic = (job.manifest.get("elastic") or {}).get("gpus") if job.elastic else None
+        spec = (job.manifest.get("elastic") or {}) if job.elastic else {}
+        elastic = spec.get("gpus")
         if not elastic:
             raise BadRequest(
                 f"{job_id} is not elastic: give its manifest elastic.gpus {{min, max}}",
@@ -139,6 +140,18 @@ def scale_job(platform: Platform, principal: Principal, job_id: str, gpus: Any) 
                 code="C104",
                 detail={"field": "gpus"},
             )
+        local, batches = spec.get("local_batch_size"), spec.get("batch_size")
+        if local and batches:
+            fewest = -(-int(batches["min"]) // int(local["max"]))
+            most = int(batches["max"]) // int(local["min"])
+            if not fewest <= gpus <= most:
+                raise BadRequest(
+                    f"{gpus} GPUs cannot run any batch of {batches['min']}..{batches['max']} "
+                    f"at {local['min']}..{local['max']} per GPU (elastic.local_batch_size): "
+                    f"choose {fewest}..{most}",
+                    code="C104",
+                    detail={"field": "gpus"},
+                )
         job.pinned_gpus = gpus
     platform.wakeups.notify("autoscaler")
 
