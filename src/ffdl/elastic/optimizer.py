@@ -352,7 +352,8 @@ def _evaluate(
     g = gpu_grid[:, :, None].astype(np.float64)
     b = batch_grid[:, None, :].astype(np.float64)
     # Every GPU gets a share of the batch inside its local limits (at least one sample).
-    exists = (g > 0) & (b >= g * local_low[:, None, None]) & (b <= g * local_high[:, None, None])
+    share = b / np.maximum(g, 1.0)
+    exists = (g > 0) & (share >= local_low[:, None, None]) & (share <= local_high[:, None, None])
     grid = np.where(
         exists, progress_of(np.maximum(g, 1.0), np.maximum(b, 1.0), grid_params), -np.inf
     )
