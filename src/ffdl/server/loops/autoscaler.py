@@ -103,7 +103,7 @@ class AutoscalerLoop:
                 if job.elastic and job.status == JobStatus.PROCESSING.value:
                     self._learn(session, job)
         self._move_off_drained(jobs, drained)
-        capacity = sum(n.gpus for n in nodes if n.schedulable)
+        capacity = cluster = sum(n.gpus for n in nodes if n.schedulable)
         candidates: list[Candidate] = []
         running_elastic_priorities: list[int] = []
         held = 0
@@ -115,7 +115,7 @@ class AutoscalerLoop:
                 if now - epoch(job.status_changed_at) < fresh_s:
                     continue
                 candidates.append(
-                    self._candidate(job, 0, now, epochs.get(job.id), gradients.get(job.id))
+                    self._candidate(job, 0, now, epochs.get(job.id), gradients.get(job.id), cluster)
                 )
                 continue
             held += gpus
@@ -124,7 +124,7 @@ class AutoscalerLoop:
                 continue
             running_elastic_priorities.append(job.priority)
             candidates.append(
-                self._candidate(job, gpus, now, epochs.get(job.id), gradients.get(job.id))
+                self._candidate(job, gpus, now, epochs.get(job.id), gradients.get(job.id), cluster)
             )
         if queued_fixed is not None and running_elastic_priorities:
             demand = queued_fixed.learners * queued_fixed.gpus
@@ -154,6 +154,7 @@ class AutoscalerLoop:
         now: float,
         epoch_now: int | None,
         grad_stats: GradientStats | None,
+        cluster_gpus: int,
     ) -> Candidate:
         manifest = Manifest.from_dict(job.manifest)
         elastic = manifest.elastic
@@ -162,6 +163,9 @@ class AutoscalerLoop:
         low = max(elastic.gpus.min, per)
         low += (-low) % per
         high = max(elastic.gpus.max - elastic.gpus.max % per, low)
+        # No job uses more than the cluster, and the optimizer thins a long range to a few
+        # choices: thinned over the cluster's sizes, its steps fall where they can be used.
+        high = max(min(high, cluster_gpus - cluster_gpus % per), low)
         batch_range = None
         base_batch = max(64 * high, 1)
         if elastic.batch_size is not None:

@@ -147,7 +147,7 @@ class FfdlElastic:
         if not jobs:
             return {}
         plan = optimize(
-            [self._elastic_job(j) for j in jobs],
+            [self._elastic_job(j, total_gpus) for j in jobs],
             total_gpus,
             restart_penalty=self.restart_penalty,
             fairness_after_s=self.fairness_after_s,
@@ -159,9 +159,11 @@ class FfdlElastic:
             for i, a in enumerate(plan.allocations)
         }
 
-    def _elastic_job(self, view: JobView) -> ElasticJob:
+    def _elastic_job(self, view: JobView, total_gpus: int) -> ElasticJob:
         family = view.family
         low, high = view.job.fixed_batch_gpus() if self.fixed_batch else family.adaptive_gpus()
+        # As the live autoscaler does: no range beyond the cluster (see its _candidate).
+        high = max(min(high, total_gpus), low)
         return ElasticJob(
             id=view.id,
             priority=50,
