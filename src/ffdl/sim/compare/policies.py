@@ -43,6 +43,19 @@ def _hold(job: JobView) -> Decision:
     return Decision(0, job.batch)
 
 
+def _as_requested_in_order(order: Sequence[JobView], free: int) -> dict[str, Decision]:
+    """Each job of ``order`` at its requested GPUs and batch while they fit, else held."""
+    decisions = {}
+    for job in order:
+        wanted = job.job.requested_gpus
+        if wanted <= free:
+            decisions[job.id] = Decision(wanted, job.job.requested_batch)
+            free -= wanted
+        else:
+            decisions[job.id] = _hold(job)
+    return decisions
+
+
 @dataclass
 class Fifo:
     name: str = "fifo"
@@ -51,14 +64,9 @@ class Fifo:
         self, now: float, jobs: Sequence[JobView], total_gpus: int, gpus_per_node: int
     ) -> Mapping[str, Decision]:
         free = total_gpus - sum(j.gpus for j in jobs)
+        waiting = sorted((j for j in jobs if not j.gpus), key=lambda j: (j.job.submit_s, j.id))
         decisions = {j.id: Decision(j.gpus, j.batch) for j in jobs if j.gpus}
-        for job in sorted((j for j in jobs if not j.gpus), key=lambda j: (j.job.submit_s, j.id)):
-            wanted = job.job.requested_gpus
-            if wanted <= free:
-                decisions[job.id] = Decision(wanted, job.job.requested_batch)
-                free -= wanted
-            else:
-                decisions[job.id] = _hold(job)
+        decisions.update(_as_requested_in_order(waiting, free))
         return decisions
 
 
@@ -78,16 +86,7 @@ class Tiresias:
         self, now: float, jobs: Sequence[JobView], total_gpus: int, gpus_per_node: int
     ) -> Mapping[str, Decision]:
         order = sorted(jobs, key=lambda j: (self.queue_of(j), j.job.submit_s, j.id))
-        free = total_gpus
-        decisions: dict[str, Decision] = {}
-        for job in order:
-            wanted = job.job.requested_gpus
-            if wanted <= free:
-                decisions[job.id] = Decision(wanted, job.job.requested_batch)
-                free -= wanted
-            else:
-                decisions[job.id] = _hold(job)
-        return decisions
+        return _as_requested_in_order(order, total_gpus)
 
 
 @dataclass

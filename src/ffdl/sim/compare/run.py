@@ -216,6 +216,16 @@ def _cell(figure: str, mean: float, half: float) -> str:
     return f"{mean:.2f} h ± {half:.2f}"
 
 
+def loads_and_seeds(
+    parser: argparse.ArgumentParser, loads: str, seeds: str
+) -> tuple[list[float], list[int]]:
+    """``--loads`` and ``--seeds`` as lists, or the parser's usage error naming them."""
+    try:
+        return [float(x) for x in loads.split(",")], [int(x) for x in seeds.split(",")]
+    except ValueError:
+        parser.error("--loads takes numbers and --seeds whole numbers, comma-separated")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ffdl.sim.compare", description=__doc__)
     parser.add_argument("--loads", default="0.5,1,2", help="comma-separated, e.g. 0.5,1,2")
@@ -232,11 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--fairness-after-s", type=float, default=None, help="for ffdl's two policies"
     )
     args = parser.parse_args(argv)
-    try:
-        loads = [float(x) for x in args.loads.split(",")]
-        seeds = [int(x) for x in args.seeds.split(",")]
-    except ValueError:
-        parser.error("--loads takes numbers and --seeds whole numbers, comma-separated")
+    loads, seeds = loads_and_seeds(parser, args.loads, args.seeds)
     policies = args.policies.split(",")
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:

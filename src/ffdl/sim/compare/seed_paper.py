@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ffdl.sim.compare.engine import ClusterShape, simulate
 from ffdl.sim.compare.policies import FfdlElastic
-from ffdl.sim.compare.run import markdown
+from ffdl.sim.compare.run import loads_and_seeds, markdown
 from ffdl.sim.compare.workloads import WorkloadSpec, build
 from ffdl.sim.philly import default_trace_path
 
@@ -85,11 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--horizon-h", type=float, default=24.0)
     parser.add_argument("--trace", type=Path, default=None)
     args = parser.parse_args(argv)
-    try:
-        loads = [float(x) for x in args.loads.split(",")]
-        seeds = [int(x) for x in args.seeds.split(",")]
-    except ValueError:
-        parser.error("--loads takes numbers and --seeds whole numbers, comma-separated")
+    loads, seeds = loads_and_seeds(parser, args.loads, args.seeds)
     if args.horizon_h <= 0:
         parser.error("--horizon-h must be > 0")
     trace = args.trace or default_trace_path()
