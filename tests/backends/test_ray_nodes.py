@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-pytest.importorskip("ray", reason="the Ray backend needs Ray: pip install 'ffdl[ray]'")
-
 from ffdl.backends.ray_driver import describe_node
 
 MIB = 1024 * 1024

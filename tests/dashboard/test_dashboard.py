@@ -47,7 +47,7 @@ return badge ? badge.dataset.status : null;
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium chromium-driver)")
+        pytest.fail(f"{CHROMIUM} is not installed: apt-get install chromium chromium-driver")
     options = Options()
     options.binary_location = str(CHROMIUM)
     for flag in CHROMIUM_FLAGS:

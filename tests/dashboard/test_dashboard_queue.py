@@ -4,7 +4,6 @@ queue over time, and a tenant admin who sees only the tenant's own jobs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +12,15 @@ import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 
 from tests.dashboard.test_dashboard import browser, console_errors, row_status, text_of
-from tests.dashboard.test_dashboard_charts import chart_data
+from tests.dashboard.test_dashboard_charts import chart_data, chart_server
 from tests.integration.live import (
-    FAST_CONFIG,
     LiveServer,
     code_zip,
     manifest_yaml,
-    serving,
     wait_for,
 )
 
-__all__ = ["browser"]  # the fixture, shared with the dashboard's main tests
+__all__ = ["browser", "chart_server"]  # fixtures shared with the other dashboard tests
 
 TEAM_B = "team-b"
 
@@ -41,13 +38,6 @@ return [...document.querySelectorAll('#queue tbody tr')].map(
 """
 
 JOB_IDS_JS = "return [...document.querySelectorAll('#jobs tbody tr')].map((r) => r.dataset.id);"
-
-
-@pytest.fixture
-def queue_server(tmp_path: Path) -> Iterator[LiveServer]:
-    config = {**FAST_CONFIG, "cluster_sample_s": 0.5}
-    with serving(LiveServer(home=tmp_path / "home", config=config)) as live:
-        yield live
 
 
 def submit_as(server: LiveServer, token: str, manifest: str, files: dict[str, str]) -> str:
@@ -75,9 +65,9 @@ def job_ids(driver: WebDriver) -> set[str]:
 
 
 def test_queue_positions_etas_past_estimates_and_a_tenant_admins_view(
-    queue_server: LiveServer, browser: WebDriver
+    chart_server: LiveServer, browser: WebDriver
 ) -> None:
-    server = queue_server
+    server = chart_server
     assert server.client.post("/v1/tenants", json={"id": TEAM_B}).status_code == 201
     created = server.client.post(
         f"/v1/tenants/{TEAM_B}/users", json={"name": "carol", "role": "admin"}

@@ -309,6 +309,14 @@ class ElasticSpec(_Section):
         default_factory=list
     )
 
+    def gpus_for_local_batches(self) -> tuple[int, int] | None:
+        """The GPU counts (fewest, most) on which some batch of ``batch_size`` gives each
+        GPU a share inside ``local_batch_size``; None without both."""
+        local, batches = self.local_batch_size, self.batch_size
+        if local is None or batches is None:
+            return None
+        return -(-batches.min // local.max), batches.max // local.min
+
     @model_validator(mode="after")
     def _local_batches_reachable(self) -> ElasticSpec:
         local = self.local_batch_size
@@ -319,9 +327,8 @@ class ElasticSpec(_Section):
                 "needs elastic.batch_size: per-GPU limits bound a global batch", "local_batch_size"
             )
         batches = self.batch_size
-        low = max(self.gpus.min, -(-batches.min // local.max))
-        high = min(self.gpus.max, batches.max // local.min)
-        if low > high:
+        fewest, most = self.gpus_for_local_batches() or (1, 0)
+        if max(self.gpus.min, fewest) > min(self.gpus.max, most):
             reason = (
                 f"no GPU count in elastic.gpus ({self.gpus.min}..{self.gpus.max}) can run a "
                 f"batch of elastic.batch_size ({batches.min}..{batches.max}) at "

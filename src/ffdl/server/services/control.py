@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from ffdl.core.errors import BadRequest, ConflictError
 from ffdl.core.jobdirs import JobDirs
+from ffdl.core.manifest import Manifest
 from ffdl.core.status import (
     HALTABLE_JOB_STATES,
     HOLDING_JOB_STATES,
@@ -124,8 +125,7 @@ def scale_job(platform: Platform, principal: Principal, job_id: str, gpus: Any) 
         job = _load_for_change(session, principal, job_id, "job.scale", f"gpus={gpus}")
         if is_terminal(JobStatus(job.status)):
             raise ConflictError(f"cannot scale {job_id}: it is {job.status}")
-        spec = (job.manifest.get("elastic") or {}) if job.elastic else {}
-        elastic = spec.get("gpus")
+        elastic = (job.manifest.get("elastic") or {}).get("gpus") if job.elastic else None
         if not elastic:
             raise BadRequest(
                 f"{job_id} is not elastic: give its manifest elastic.gpus {{min, max}}",
@@ -140,18 +140,15 @@ def scale_job(platform: Platform, principal: Principal, job_id: str, gpus: Any) 
                 code="C104",
                 detail={"field": "gpus"},
             )
-        local, batches = spec.get("local_batch_size"), spec.get("batch_size")
-        if local and batches:
-            fewest = -(-int(batches["min"]) // int(local["max"]))
-            most = int(batches["max"]) // int(local["min"])
-            if not fewest <= gpus <= most:
-                raise BadRequest(
-                    f"{gpus} GPUs cannot run any batch of {batches['min']}..{batches['max']} "
-                    f"at {local['min']}..{local['max']} per GPU (elastic.local_batch_size): "
-                    f"choose {fewest}..{most}",
-                    code="C104",
-                    detail={"field": "gpus"},
-                )
+        spec = Manifest.from_dict(job.manifest).elastic
+        bounds = spec.gpus_for_local_batches() if spec is not None else None
+        if bounds is not None and not bounds[0] <= gpus <= bounds[1]:
+            raise BadRequest(
+                f"{gpus} GPUs cannot run any batch of elastic.batch_size inside "
+                f"elastic.local_batch_size per GPU: choose {bounds[0]}..{bounds[1]}",
+                code="C104",
+                detail={"field": "gpus"},
+            )
         job.pinned_gpus = gpus
     platform.wakeups.notify("autoscaler")
 

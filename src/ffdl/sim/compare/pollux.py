@@ -114,7 +114,7 @@ class Pollux:
         seeds = [current.copy()]
         seeds.append(np.array([self._previous.get(j.id, j.gpus) for j in jobs], dtype=np.int64))
         while len(seeds) < self.population:
-            seeds.append(self._mutate(current.copy(), current, high, total_gpus))
+            seeds.append(self._mutate(current.copy(), current, high))
         pop = repair(np.array(seeds, dtype=np.int64))
         scores = fitness(pop)
         for _ in range(self.generations):
@@ -127,7 +127,7 @@ class Pollux:
                     pop[parents[k], cut:].copy(),
                 )
             for k in range(self.population):
-                children[k] = self._mutate(children[k], current, high, total_gpus)
+                children[k] = self._mutate(children[k], current, high)
             children = repair(children)
             merged = np.vstack([pop, children])
             merged_scores = np.concatenate([scores, fitness(children)])
@@ -162,7 +162,6 @@ class Pollux:
         genome: npt.NDArray[np.int64],
         current: npt.NDArray[np.int64],
         high: npt.NDArray[np.int64],
-        total_gpus: int,
     ) -> npt.NDArray[np.int64]:
         n = len(genome)
         reset = self._rng.random(n) < 0.1

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from datetime import timedelta
@@ -69,6 +70,16 @@ def family_for(gpu_hours: float, draw: random.Random) -> Family:
 
 def request_for(family: Family, draw: random.Random, gpus_per_node: int) -> tuple[int, int]:
     """The GPUs and batch a user asks for (see the module docstring)."""
+    qualifying, fallback = _configurations(family, gpus_per_node)
+    return draw.choice(qualifying) if qualifying else fallback
+
+
+@functools.lru_cache(maxsize=64)
+def _configurations(
+    family: Family, gpus_per_node: int
+) -> tuple[tuple[tuple[int, int], ...], tuple[int, int]]:
+    """The (GPUs, batch) pairs that qualify, and what to ask for when none does; the same
+    for every job of a family, so worked out once."""
     one = family.training_time_s(1, family.base_batch, gpus_per_node)
     qualifying, in_time = [], []
     for gpus in GPU_COUNTS:
@@ -81,9 +92,7 @@ def request_for(family: Family, draw: random.Random, gpus_per_node: int) -> tupl
             in_time.append((gpus, batch))
             if SCALING_EFFICIENCY[0] <= scaling <= SCALING_EFFICIENCY[1]:
                 qualifying.append((gpus, batch))
-    if qualifying:
-        return draw.choice(qualifying)
-    return in_time[0] if in_time else (1, family.base_batch)
+    return tuple(qualifying), in_time[0] if in_time else (1, family.base_batch)
 
 
 def build(spec: WorkloadSpec, trace: Path) -> list[CompareJob]:
