@@ -27,8 +27,8 @@ demo: $(STAMP) sandbox-tools
 	$(BIN)/ffdl demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples data
+	$(BIN)/ruff format --check src tests benchmarks examples data
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

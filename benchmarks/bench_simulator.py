@@ -8,15 +8,26 @@ number of scheduler and autoscaler calls, and the virtual time covered. The goal
 applies to FIFO on two cores; the elastic policy solves the elastic optimizer at every
 arrival and completion, and has no goal.
 
-Then the policy comparison (``ffdl.sim.compare``): every compared policy on one 160-job
-Philly-derived workload (load 1.0, seed 0) on 64 GPUs, wall time per policy beside FIFO's.
+Then the policy comparison (``ffdl.sim.compare``), every compared policy:
 
-Run: ``python benchmarks/bench_simulator.py [--sample 0.1] [--policies fifo,elastic]``.
+- on one 160-job Philly-derived workload (load 1.0, seed 0) on 64 GPUs: wall time per policy
+  beside FIFO's;
+- on the whole trace (``workloads.whole_trace``: 74,428 jobs of at least 60 s and under 1,000
+  GPU-hours, at their own submission times over 106 days) on 1,024 GPUs (128 nodes x 8),
+  each policy given ``--trace-budget-s`` of wall time: the virtual days it covered, the jobs
+  that arrived in them and those it completed, its pace in virtual days per wall minute, and
+  its wall time for the whole trace when it finished within the budget. No time is projected
+  for the others: the trace's first two weeks hold 28 of its jobs, so an early pace says
+  nothing of the busy months after.
+
+Run: ``python benchmarks/bench_simulator.py [--sample 0.1] [--policies fifo,elastic]
+[--trace-budget-s 120]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import multiprocessing
 import resource
 import time
@@ -83,8 +94,51 @@ def compare_walls() -> dict[str, float]:
     return walls
 
 
+def compare_whole_trace(budget_s: float) -> dict[str, float]:
+    """Each compared policy on the whole trace for at most ``budget_s`` wall seconds."""
+    from ffdl.sim.compare.engine import ClusterShape, simulate
+    from ffdl.sim.compare.run import POLICIES as COMPARED
+    from ffdl.sim.compare.workloads import whole_trace
+    from ffdl.sim.philly import default_trace_path
+
+    jobs = whole_trace(default_trace_path(), gpus_per_node=8)
+    span_days = (jobs[-1].submit_s - jobs[0].submit_s) / 86400
+    print(
+        f"\nthe whole trace: {len(jobs):,} jobs over {span_days:.0f} days on 1,024 GPUs "
+        f"(ffdl.sim.compare), at most {budget_s:.0f} s of wall time per policy"
+    )
+    print(
+        f"{'policy':<20} {'days':>6} {'jobs arrived':>12} {'jobs done':>10} {'wall s':>8} "
+        f"{'days/min':>9} {'whole trace':>12}"
+    )
+    submits = [j.submit_s for j in jobs]
+    walls = {}
+    for name, make in COMPARED.items():
+        started = time.perf_counter()
+
+        def out_of_time(_now: float, started: float = started) -> bool:
+            return time.perf_counter() - started > budget_s
+
+        result = simulate(jobs, make(), ClusterShape(nodes=128, gpus_per_node=8), stop=out_of_time)
+        wall = time.perf_counter() - started
+        days = (result.end_s - jobs[0].submit_s) / 86400
+        arrived = bisect.bisect_right(submits, result.end_s)
+        whole = result.completed == len(jobs)
+        if whole:
+            walls[name] = wall
+        label = f"{wall:>10.1f} s" if whole else "unfinished"
+        print(
+            f"{name:<20} {days:>6.1f} {arrived:>12,} {result.completed:>10,} {wall:>8.1f} "
+            f"{days / (wall / 60):>9.2f} {label:>12}"
+        )
+    return walls
+
+
 def main(
-    sample: float = 1.0, policies: tuple[str, ...] = POLICIES, compare: bool = True
+    sample: float = 1.0,
+    policies: tuple[str, ...] = POLICIES,
+    compare: bool = True,
+    trace_budget_s: float = 120.0,
 ) -> dict[str, float]:
     figures = {policy: run_isolated(policy, sample) for policy in policies}
     header = (
@@ -109,6 +163,12 @@ def main(
     result = {f"{policy}_{key}": value for policy, f in figures.items() for key, value in f.items()}
     if compare:
         result.update({f"compare_{name}_wall_s": wall for name, wall in compare_walls().items()})
+        result.update(
+            {
+                f"compare_trace_{name}_wall_s": wall
+                for name, wall in compare_whole_trace(trace_budget_s).items()
+            }
+        )
     return result
 
 
@@ -119,5 +179,14 @@ if __name__ == "__main__":
     parser.add_argument(
         "--no-compare", action="store_true", help="skip the policy comparison's timings"
     )
+    parser.add_argument(
+        "--trace-budget-s",
+        type=float,
+        default=120.0,
+        help="wall seconds each compared policy may spend on the whole trace",
+    )
     args = parser.parse_args()
-    main(args.sample, tuple(p for p in args.policies.split(",") if p), not args.no_compare)
+    if args.trace_budget_s <= 0:
+        parser.error("--trace-budget-s must be > 0")
+    policies = tuple(p for p in args.policies.split(",") if p)
+    main(args.sample, policies, not args.no_compare, args.trace_budget_s)

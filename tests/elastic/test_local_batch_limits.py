@@ -64,3 +64,26 @@ def test_every_allocation_keeps_each_gpus_share_inside_its_limits(
     if allocation.gpus:
         assert allocation.batch_size is not None
         assert local[0] * allocation.gpus <= allocation.batch_size <= local[1] * allocation.gpus
+
+
+def test_the_batch_that_fills_every_gpu_is_a_candidate_at_every_gpu_count() -> None:
+    # Batches of 8..512 on GPUs holding 4..8 samples each; steps cost mostly fixed overhead,
+    # so the fullest batch a GPU count can run is the fastest. The grid's 8 sizes (8, 14,
+    # 26, ...) hold none of 16, 24 or 40; each is still found.
+    overhead_bound = ThroughputModel(0.3, 0.001, 0.0, 0.0)
+    for gpus, fullest in ((2, 16), (3, 24), (5, 40)):
+        plan = optimize(
+            [
+                ElasticJob(
+                    id="a",
+                    priority=50,
+                    gpu_range=(gpus, gpus),
+                    batch_range=(8, 512),
+                    base_batch=8,
+                    local_batch_range=(4, 8),
+                    model=overhead_bound,
+                )
+            ],
+            64,
+        )
+        assert (plan.allocations[0].gpus, plan.allocations[0].batch_size) == (gpus, fullest)

@@ -16,17 +16,27 @@ Choose for every job ``j`` a GPU count ``g_j`` and a batch size ``b_j`` maximisi
   GPUs leaves steps of about 50% among the sizes a 64-GPU cluster has, and in the policy
   comparison (``docs/simulations``, section 6) that alone cost long jobs 3% of p99 JCT.
 * ``U_j(g) = max_b T_j(g, b) * E_j(b) / (T_j(1, b0) * E_j(b0))``: the best useful progress over
-  the batch candidates (``batch_candidates``: a geometric grid of ``batch_choices`` sizes over
-  ``batch_range`` plus ``b0`` and the current batch; only ``b0`` when the job has no range or
-  ``fixed_batch`` asks for the paper's baseline), counting only batches whose share per GPU
-  ``b / g`` lies inside the job's ``local_batch_range`` (what fits in a GPU's memory and keeps
-  it busy; at least one sample per GPU when the job gives none). It is normalised by the
-  job's progress on one GPU at its own batch size ``b0``: the value of a GPU is a speed-up,
-  so a huge model and a tiny one compete on how well they use GPUs, not on how many samples
-  per second they happen to process. ``U_j(0) = 0``. ``T_j * E_j`` is the job's goodput:
-  the fitted step-time model times the noise-scale efficiency, evaluated for all jobs at
-  once, or, for a job that brings one, its own ``GoodputModel`` (``ffdl.elastic.goodput``: a
-  measured or externally given curve, taken as it is rather than fitted to that form).
+  the batch candidates, counting only batches whose share per GPU ``b / g`` lies inside the
+  job's ``local_batch_range`` (what fits in a GPU's memory and keeps it busy; at least one
+  sample per GPU when the job gives none). The candidates are a geometric grid of
+  ``batch_choices`` sizes over ``batch_range`` plus ``b0`` and the current batch
+  (``batch_candidates``; only ``b0`` when the job has no range or ``fixed_batch`` asks for the
+  paper's baseline), and, for each GPU count ``g``, the largest and the smallest batch of
+  the range that ``g`` GPUs can run. The grid alone is coarse: 8 sizes over a range that
+  often spans 64x lie 1.8x apart, so for most GPU counts the batch that fills every GPU's
+  memory, often the fastest per sample, was not a candidate. In the policy comparison on
+  measured speed curves (``docs/simulations``, section 6), where yolov3's step is cheapest
+  per sample at 8 per GPU, its longest jobs were planned at 2 GPUs x 7 samples and 4 x 6.5
+  instead of 2 x 8 and 4 x 8, and ffdl's p99 JCT at load 0.5 trailed Pollux's by 8-9% on two
+  of four workloads; with the two filling batches per GPU count it leads on all four, and its
+  average JCT there went from 0.94x Pollux's to 0.91x.
+  The result is normalised by the job's progress on one GPU at its own batch size ``b0``:
+  the value of a GPU is a speed-up, so a huge model and a tiny one compete on how well they
+  use GPUs, not on how many samples per second they happen to process. ``U_j(0) = 0``.
+  ``T_j * E_j`` is the job's goodput: the fitted step-time model times the noise-scale
+  efficiency, evaluated for all jobs at once, or, for a job that brings one, its own
+  ``GoodputModel`` (``ffdl.elastic.goodput``: a measured or externally given curve, taken as
+  it is rather than fitted to that form).
 * ``w_j = 1 + priority / 50`` (priority clamped to 0..100, so weights run 1..3 and the
   default priority 50 weighs 2): a priority-100 job's speed-up counts three times a
   priority-0 job's.
@@ -353,7 +363,9 @@ def _evaluate(
     per_job = (alpha, beta, gamma, delta, base, noise)
     grid_params = tuple(p[:, None, None] for p in per_job)
     g = gpu_grid[:, :, None].astype(np.float64)
-    b = batch_grid[:, None, :].astype(np.float64)
+    b = _with_filling_batches(
+        jobs, gpu_grid, batch_grid, (local_low, local_high), fixed_batch=fixed_batch
+    )
     # Every GPU gets a share of the batch inside its local limits (at least one sample).
     share = b / np.maximum(g, 1.0)
     exists = (g > 0) & (share >= local_low[:, None, None]) & (share <= local_high[:, None, None])
@@ -365,12 +377,11 @@ def _evaluate(
     for j, job in enumerate(jobs):
         if job.goodput is not None:
             grid[j], reference[j], current[j] = _use_own_goodput(
-                job, gpu_grid[j].astype(np.float64), batch_grid[j].astype(np.float64),
-                exists[j], gpus_per_node,
-            )  # fmt: skip
+                job, gpu_grid[j].astype(np.float64), b[j], exists[j], gpus_per_node
+            )
     best_index = np.argmax(grid, axis=2)
     best_progress = np.take_along_axis(grid, best_index[:, :, None], axis=2)[:, :, 0]
-    best_batch = np.take_along_axis(batch_grid, best_index, axis=1)
+    best_batch = np.take_along_axis(b, best_index[:, :, None], axis=2)[:, :, 0].astype(np.int64)
 
     running = current_gpus > 0
     penalty = np.where(running, restart_penalty * current / reference, 0.0)
@@ -409,6 +420,38 @@ def _evaluate(
     )
 
 
+def _with_filling_batches(
+    jobs: Sequence[ElasticJob],
+    gpu_grid: npt.NDArray[np.int64],
+    batch_grid: npt.NDArray[np.int64],
+    local_limits: tuple[FloatArray, FloatArray],
+    *,
+    fixed_batch: bool,
+) -> FloatArray:
+    """The batches tried for every (job, GPU option), shape (jobs, GPU options, batches): the
+    job's grid, then the largest and the smallest batch of its range whose share per GPU
+    fits that GPU count (see the module docstring)."""
+    ranges = np.array(
+        [
+            (job.base_batch, job.base_batch)
+            if job.batch_range is None or fixed_batch
+            else job.batch_range
+            for job in jobs
+        ],
+        dtype=np.float64,
+    )
+    low, high = ranges[:, :1], ranges[:, 1:]
+    g = np.maximum(gpu_grid.astype(np.float64), 1.0)
+    local_low, local_high = local_limits
+    fullest = np.clip(local_high[:, None] * g, low, high)
+    emptiest = np.clip(local_low[:, None] * g, low, high)
+    grid = np.broadcast_to(
+        batch_grid[:, None, :].astype(np.float64), (*gpu_grid.shape, batch_grid.shape[1])
+    )
+    result: FloatArray = np.concatenate([grid, fullest[:, :, None], emptiest[:, :, None]], axis=2)
+    return result
+
+
 def _use_own_goodput(
     job: ElasticJob,
     gpus: FloatArray,
@@ -420,7 +463,7 @@ def _use_own_goodput(
     GPU at ``b0``) and its current progress, from its own goodput model."""
     assert job.goodput is not None
     g = np.broadcast_to(np.maximum(gpus, 1.0)[:, None], exists.shape)
-    b = np.broadcast_to(np.maximum(batches, 1.0)[None, :], exists.shape)
+    b = np.maximum(batches, 1.0)
     nodes = np.maximum(1.0, np.ceil(g / gpus_per_node))
     row = np.where(exists, job.goodput.goodput(g, nodes, b), -np.inf)
     reference = goodput_at(job.goodput, 1, 1, job.base_batch)

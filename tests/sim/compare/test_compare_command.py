@@ -37,6 +37,12 @@ def test_bad_input_is_refused_by_name() -> None:
     assert loads.returncode == 2 and "--loads takes numbers" in loads.stderr
     penalty = run("ffdl.sim.compare", "--restart-penalty", "-1")
     assert penalty.returncode == 2 and "must be >= 0" in penalty.stderr
+    speed = run("ffdl.sim.compare", "--speed", "guessed")
+    assert speed.returncode == 2 and "invalid choice: 'guessed'" in speed.stderr
+    too_big = run("ffdl.sim.compare", "--speed", "measured", "--nodes", "32")
+    assert too_big.returncode == 2 and "cover up to 16 nodes of 4 GPUs" in too_big.stderr
+    search = run("ffdl.sim.compare", "--pollux-search", "100")
+    assert search.returncode == 2 and "POPULATIONxGENERATIONS" in search.stderr
     horizon = run("ffdl.sim.compare.seed_paper", "--horizon-h", "0")
     assert horizon.returncode == 2 and "--horizon-h must be > 0" in horizon.stderr
 

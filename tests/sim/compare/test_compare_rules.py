@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ from ffdl.sim.compare.families import FAMILIES, Family
 from ffdl.sim.compare.jobs import CompareJob, Decision, JobView
 from ffdl.sim.compare.placement import place
 from ffdl.sim.compare.policies import FfdlElastic, Fifo, Optimus, Tiresias
-from ffdl.sim.compare.workloads import WINDOW_S, WorkloadSpec, build, family_for
+from ffdl.sim.compare.workloads import WINDOW_S, WorkloadSpec, build, family_for, whole_trace
 from ffdl.sim.philly import default_trace_path
 
 TRACE = default_trace_path()
@@ -147,6 +148,40 @@ def test_philly_windows_hold_the_published_counts_and_rules() -> None:
     assert [j.submit_s for j in one] == sorted(j.submit_s for j in one)
     assert build(WorkloadSpec(load=1.0, seed=0), TRACE) == one  # a seed is a workload
     assert build(WorkloadSpec(load=1.0, seed=1), TRACE) != one
+
+
+def test_the_whole_trace_keeps_every_rows_own_time_and_the_same_rules(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-10-01 10:00:00,600,1,600,vc1\n"
+        "2017-10-03 09:00:00,36000,4,144000,vc2\n"
+        "2017-10-01 09:00:00,30,1,30,vc1\n"  # under 60 s: not in the pool
+        "2017-10-02 09:00:00,3600000,8,28800000,vc1\n"  # 8,000 GPU-hours: not either
+        "2017-10-01 09:30:00,7200,2,14400,vc3\n"
+    )
+    jobs = whole_trace(trace)
+    assert [j.submit_s for j in jobs] == [0.0, 1800.0, 2 * 86400 - 1800.0]
+    assert [j.family.name for j in jobs][2] == "yolov3"  # 40 GPU-hours
+    assert jobs[0].family.name in ("deepspeech2", "bert")  # 4 GPU-hours
+    assert whole_trace(trace) == jobs
+    empty = tmp_path / "empty.csv"
+    empty.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n")
+    with pytest.raises(ValueError, match="no row of at least 60 s"):
+        whole_trace(empty)
+
+
+def test_a_run_ends_when_told_to_stop() -> None:
+    jobs = [toy_job("a"), toy_job("b", at=30.0)]
+    rounds: list[float] = []
+
+    def after_two_rounds(now: float) -> bool:
+        rounds.append(now)
+        return len(rounds) > 2
+
+    result = simulate(jobs, Scripted(Decision(1, 64)), SMALL, stop=after_two_rounds)
+    assert rounds == [0.0, 60.0, 120.0]
+    assert result.completed == 0 and result.end_s == 120.0
 
 
 class _Draw:

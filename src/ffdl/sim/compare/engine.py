@@ -14,7 +14,8 @@ answers a ``Decision`` for each: GPUs and global batch. The engine then
 4. **advances** time to the next round in steps of ``step_s``, each running job moving at its
    goodput ``T(g, b, nodes) * E(b)``, with ``E`` read at the job's progress (the gradient
    noise scale grows as it trains). A job that completes its work mid-step ends at the
-   interpolated instant; its GPUs are free from the next round on.
+   interpolated instant; its GPUs are free from the next round on. Each round a job runs
+   records the step time it ran at (``JobView.observed``), for policies that learn speeds.
 
 The engine knows nothing of any policy beyond the ``Policy`` protocol.
 """
@@ -22,16 +23,19 @@ The engine knows nothing of any policy beyond the ``Policy`` protocol.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ffdl.elastic.throughput import StepObservation
 from ffdl.sim.compare.jobs import CompareJob, Decision, JobView
 from ffdl.sim.compare.placement import place
 
 DEFAULT_INTERVAL_S = 60.0
 DEFAULT_RESTART_S = 30.0
 DEFAULT_STEP_S = 15.0
+# Step times kept per job, as the live autoscaler keeps them.
+MAX_OBSERVATIONS = 200
 
 
 class PolicyError(ValueError):
@@ -72,6 +76,7 @@ class _Running:
     last_run_s: float = 0.0
     first_start_s: float | None = None
     restarts: int = 0
+    observed: list[StepObservation] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +126,10 @@ def simulate(
     restart_s: float = DEFAULT_RESTART_S,
     step_s: float = DEFAULT_STEP_S,
     horizon_s: float = math.inf,
+    stop: Callable[[float], bool] | None = None,
 ) -> RunResult:
-    """Run ``jobs`` under ``policy`` until every job has finished or ``horizon_s``."""
+    """Run ``jobs`` under ``policy`` until every job has finished, ``horizon_s``, or ``stop``
+    (asked at every round with the virtual time) answers True."""
     if interval_s <= 0 or step_s <= 0 or restart_s < 0:
         raise ValueError("interval_s and step_s must be > 0 and restart_s >= 0")
     pending = sorted(jobs, key=lambda j: (j.submit_s, j.id))
@@ -134,6 +141,8 @@ def simulate(
     held = 0.0
     next_arrival = 0
     while (next_arrival < len(pending) or active) and now < horizon_s:
+        if stop is not None and stop(now):
+            break
         while next_arrival < len(pending) and pending[next_arrival].submit_s <= now:
             job = pending[next_arrival]
             active[job.id] = _Running(job=job, batch=job.requested_batch)
@@ -177,6 +186,7 @@ def _view(state: _Running, now: float) -> JobView:
         age_s=now - job.submit_s,
         last_run_s=state.last_run_s,
         restarts=state.restarts,
+        observed=tuple(state.observed),
     )
 
 
@@ -233,6 +243,10 @@ def _advance(
         state.attained_gpu_s += state.gpus * (end - start)
         family, nodes = state.job.family, len(state.placement)
         t = max(start, state.paused_until)
+        if t < end:
+            seconds_per_step = state.batch / family.speed.throughput(state.gpus, state.batch, nodes)
+            state.observed.append(StepObservation(state.gpus, state.batch, nodes, seconds_per_step))
+            del state.observed[:-MAX_OBSERVATIONS]
         while t < end:
             dt = min(step_s, end - t)
             rate = family.goodput(state.gpus, nodes, state.batch, state.done / state.job.work)

@@ -6,7 +6,9 @@ simulator uses (``simulator/applications.py`` and the profiles under ``simulator
 petuum/adaptdl, branch ``osdi21-artifact``); their step times are ours, of the form of
 ``ffdl.elastic.throughput`` (``alpha + beta * b / g + gamma * log2 g + delta * (nodes - 1)``),
 chosen so that each trains on one GPU at its initial batch in about the time its Philly GPU-time
-category implies.
+category implies. ``families("measured")`` gives the same six with their step times read from
+the measured profiles instead (``ffdl.sim.compare.measured``), their work scaled so that one
+GPU at the initial batch still takes the same time.
 
 ==============  ====  =====  ===========  ======  ============  ==========================
 family          b0    max B  local batch  epochs  work          noise scale / b0 (start→end)
@@ -34,21 +36,37 @@ small one. Work is counted in samples at ``b0`` (``E(b0) = 1``).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from ffdl.elastic.throughput import FloatArray, ThroughputModel
+from ffdl.sim.compare.measured import default_profiles_path, measured_speeds
 
 IntArray = npt.NDArray[np.int64]
+SPEEDS = ("model", "measured")
+
+
+class SpeedModel(Protocol):
+    """A family's throughput in samples per second (``ThroughputModel``, ``MeasuredSpeed``)."""
+
+    def throughput(self, g: int, b: float, nodes: int = 1) -> float: ...
+
+    def throughputs(
+        self, gpus: FloatArray, batches: FloatArray, nodes: FloatArray
+    ) -> FloatArray: ...
 
 
 @dataclass(frozen=True, slots=True)
 class Family:
     name: str
-    model: ThroughputModel
+    speed: SpeedModel
     base_batch: int  # b0: the batch the job was written for; work is counted at it
     max_batch: int
     local_batch: tuple[int, int]  # per-GPU batch limits (min, max)
@@ -104,7 +122,7 @@ class Family:
     def goodput(self, gpus: int, nodes: int, batch: int, progress: float) -> float:
         """Useful samples (at ``b0``) per second."""
         nodes = min(max(nodes, 1), gpus)
-        return self.model.throughput(gpus, batch, nodes) * self.efficiency(batch, progress)
+        return self.speed.throughput(gpus, batch, nodes) * self.efficiency(batch, progress)
 
     def best_batch(self, gpus: int, nodes: int, progress: float, choices: int = 24) -> int:
         """The batch of highest goodput on ``gpus`` GPUs (0 when no batch can run there)."""
@@ -131,7 +149,7 @@ class Family:
         batches = np.round(first * (np.maximum(last, first) / first) ** steps)
         nodes = np.ceil(g / gpus_per_node)
         noise = self.noise_scale_at(progress)
-        rates = self.model.throughputs(g, batches, nodes) * (noise + self.base_batch)
+        rates = self.speed.throughputs(g, batches, nodes) * (noise + self.base_batch)
         rates = np.where(fits, rates / (noise + batches), 0.0)
         best = np.argmax(rates, axis=1)
         rows = np.arange(max_gpus)
@@ -213,3 +231,31 @@ FAMILIES: dict[str, Family] = {
         ),
     )
 }
+
+
+def families(speed: str = "model", profiles: Path | None = None) -> dict[str, Family]:
+    """The six families with their step times from the model above (``"model"``) or from
+    measured profiles (``"measured"``, ``ffdl.sim.compare.measured``)."""
+    if speed == "model":
+        return FAMILIES
+    if speed == "measured":
+        return _measured_families(profiles or default_profiles_path())
+    raise ValueError(f"unknown speed {speed!r}; choose from {', '.join(SPEEDS)}")
+
+
+@functools.cache
+def _measured_families(profiles: Path) -> dict[str, Family]:
+    """Each family with its measured step times; its work scaled so that one GPU at ``b0``
+    trains it in the same time as with the model, which keeps every job in its Philly
+    GPU-time category."""
+    speeds = measured_speeds(profiles)
+    missing = [name for name in FAMILIES if name not in speeds]
+    if missing:
+        raise ValueError(f"no measured profile for {', '.join(missing)}")
+    result = {}
+    for name, family in FAMILIES.items():
+        speed = speeds[name]
+        b0 = family.base_batch
+        scale = speed.throughput(1, b0) / family.speed.throughput(1, b0)
+        result[name] = dataclasses.replace(family, speed=speed, work=family.work * scale)
+    return result

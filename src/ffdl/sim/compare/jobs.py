@@ -2,16 +2,18 @@
 
 ``CompareJob`` is the submitted job (arrival, the GPUs its user asked for, its family, its
 work in useful samples); ``JobView`` is what a policy is shown at a scheduling round: the job,
-its progress, its current allocation and its history. Every policy sees the same views: each
-knows the true goodput model of every job (the oracle that Pollux's and Optimus's fitted
-models approach once a job has run a while), and none is told the work left except through
-``remaining_samples``, which only policies that estimate it (Optimus, ffdl's ``elastic``) use.
+its progress, its current allocation and its history. Every policy sees the same views. All
+but the two ``-fit`` policies use the true goodput model of every job (the oracle that
+Pollux's and Optimus's fitted models approach once a job has run a while); those fit one to
+the step times in ``observed``. None is told the work left except through
+``remaining_samples``, which only policies that estimate it (Optimus, ffdl's) use.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ffdl.elastic.throughput import StepObservation
 from ffdl.sim.compare.families import Family
 
 
@@ -53,6 +55,9 @@ class JobView:
     age_s: float  # since it arrived
     last_run_s: float  # length of its last stretch with GPUs (Tiresias's starvation rule)
     restarts: int
+    # Step times it was seen to take, one per round it ran (latest last): what a policy that
+    # learns a job's speed online, as the live autoscaler does, may fit.
+    observed: tuple[StepObservation, ...] = ()
 
     @property
     def id(self) -> str:

@@ -22,16 +22,24 @@ the same pure function the live autoscaler calls.
   (the elastic scaling paper's baseline, here bounded by memory: a batch of ``b`` runs on
   ``g`` GPUs only when ``b / g`` fits).
 - ``elastic``: ffdl's optimizer choosing GPU counts and batch sizes.
+- ``elastic-fit``: the same, knowing no job's true speed: it plans on each job's step times
+  fitted online (``learning.OnlineFit``), as the live autoscaler does. On families whose
+  speed is a measured table, the fit's four parameters cannot follow the table, and the
+  optimizer plans on the fit's error; ``elastic`` is instead given each job's true curve
+  through the optimizer's ``GoodputModel`` interface.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ffdl.elastic.efficiency import GradientStats
 from ffdl.elastic.optimizer import ElasticJob, optimize
+from ffdl.elastic.throughput import FloatArray, prior
+from ffdl.sim.compare.families import Family
 from ffdl.sim.compare.jobs import Decision, JobView
+from ffdl.sim.compare.learning import OnlineFit
 
 # Tiresias as Pollux's evaluation configures it: two queues, a job moving to the second once
 # it has held 16 GPU-hours, and no starvation rule (a factor of 0 turns it off).
@@ -131,14 +139,32 @@ class Optimus:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class TrueGoodput:
+    """A family's true goodput at one point of a job's training, for the optimizer's
+    ``GoodputModel`` interface."""
+
+    family: Family
+    progress: float
+
+    def goodput(self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray) -> FloatArray:
+        noise = self.family.noise_scale_at(self.progress)
+        efficiency = (noise + self.family.base_batch) / (noise + batches)
+        result: FloatArray = self.family.speed.throughputs(gpus, batches, nodes) * efficiency
+        return result
+
+
 @dataclass
 class FfdlElastic:
-    """ffdl's optimizer; ``fixed_batch`` keeps every job at its own batch."""
+    """ffdl's optimizer; ``fixed_batch`` keeps every job at its own batch; ``learns_speed``
+    plans on speeds fitted online instead of the true ones."""
 
     name: str = "elastic"
     fixed_batch: bool = False
+    learns_speed: bool = False
     restart_penalty: float = 0.1
     fairness_after_s: float = 600.0
+    learned: OnlineFit = field(init=False, default_factory=OnlineFit, repr=False)
 
     def decide(
         self, now: float, jobs: Sequence[JobView], total_gpus: int, gpus_per_node: int
@@ -163,6 +189,7 @@ class FfdlElastic:
         low, high = view.job.fixed_batch_gpus() if self.fixed_batch else family.adaptive_gpus()
         # As the live autoscaler does: no range beyond the cluster (see its _candidate).
         high = max(min(high, total_gpus), low)
+        learned = self.learned.model(view) if self.learns_speed else None
         return ElasticJob(
             id=view.id,
             priority=50,
@@ -170,8 +197,9 @@ class FfdlElastic:
             batch_range=family.batch_range,
             base_batch=view.job.requested_batch,
             local_batch_range=family.local_batch,
-            model=family.model,
+            model=learned or prior(),
             grad_stats=GradientStats(sq_norm=1.0, variance=view.noise_scale),
+            goodput=None if learned else TrueGoodput(family, view.progress),
             current_gpus=view.gpus,
             current_batch=view.batch if view.gpus else None,
             waited_s=view.waited_s,

@@ -18,10 +18,14 @@ simulator, for the policy comparison.
   its maximum; a repair that takes GPUs back from the jobs with the most attained service
   (then the newest) until the cluster's capacity holds. Jobs are packed on nodes by the
   comparison's common placement, which stands in for Pollux's node-level allocation matrix.
+- **Speeds**: the family's true ones, or, for ``pollux-fit`` (``learns_speed``), each job's
+  step times fitted online from what it was seen to take (``learning.OnlineFit``), as
+  Pollux's agents fit theirs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +35,7 @@ import numpy.typing as npt
 
 from ffdl.sim.compare.families import Family
 from ffdl.sim.compare.jobs import Decision, JobView
+from ffdl.sim.compare.learning import OnlineFit
 
 IntMatrix = npt.NDArray[np.int64]
 RESTART_S = 30.0
@@ -43,6 +48,8 @@ class Pollux:
     population: int = 60
     generations: int = 40
     seed: int = 0
+    learns_speed: bool = False
+    learned: OnlineFit = field(init=False, default_factory=OnlineFit, repr=False)
     _rng: np.random.Generator = field(init=False)
     _previous: dict[str, npt.NDArray[np.int64]] = field(init=False, default_factory=dict)
     _tables: dict[tuple[str, int, int, int], tuple[npt.NDArray[np.float64], IntMatrix]] = field(
@@ -62,7 +69,11 @@ class Pollux:
         goodput = np.zeros((count, total_gpus + 1))
         batches = np.zeros((count, total_gpus + 1), dtype=np.int64)
         for i, job in enumerate(jobs):
-            table, best = self._table(job.family, job.progress, total_gpus, gpus_per_node)
+            if self.learns_speed:
+                family = dataclasses.replace(job.family, speed=self.learned.model(job))
+                table, best = family.best_goodputs(total_gpus, gpus_per_node, job.progress)
+            else:
+                table, best = self._table(job.family, job.progress, total_gpus, gpus_per_node)
             goodput[i], batches[i] = table, best
         reference = np.array(
             [goodput[i, _nearest_feasible(goodput[i], fair)] for i in range(count)]

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ffdl.sim.compare.engine import ClusterShape, Policy, RunResult, simulate
+from ffdl.sim.compare.families import SPEEDS
+from ffdl.sim.compare.measured import MEASURED_GPUS_PER_NODE, MEASURED_NODES
 from ffdl.sim.compare.policies import FfdlElastic, Fifo, Optimus, Tiresias
 from ffdl.sim.compare.pollux import Pollux
 from ffdl.sim.compare.workloads import WorkloadSpec, build
@@ -31,8 +33,10 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "tiresias": Tiresias,
     "optimus": Optimus,
     "pollux": Pollux,
+    "pollux-fit": lambda: Pollux(name="pollux-fit", learns_speed=True),
     "elastic-fixed-batch": lambda: FfdlElastic(name="elastic-fixed-batch", fixed_batch=True),
     "elastic": FfdlElastic,
+    "elastic-fit": lambda: FfdlElastic(name="elastic-fit", learns_speed=True),
 }
 FIGURES = ("avg_jct_h", "p99_jct_h", "makespan_h", "restarts", "gpu_util")
 
@@ -67,6 +71,7 @@ def run_matrix(
     *,
     trace: Path,
     shape: ClusterShape,
+    speed: str = "model",
     say: Callable[[str], None] = print,
     make: Callable[[str], Policy] | None = None,
 ) -> list[Run]:
@@ -77,7 +82,8 @@ def run_matrix(
     for load in loads:
         for seed in seeds:
             jobs = build(
-                WorkloadSpec(load=load, seed=seed, gpus_per_node=shape.gpus_per_node), trace
+                WorkloadSpec(load=load, seed=seed, gpus_per_node=shape.gpus_per_node, speed=speed),
+                trace,
             )
             for name in policies:
                 started = time.perf_counter()
@@ -226,6 +232,21 @@ def loads_and_seeds(
         parser.error("--loads takes numbers and --seeds whole numbers, comma-separated")
 
 
+def pollux_search(parser: argparse.ArgumentParser, text: str | None) -> tuple[int, int] | None:
+    """``--pollux-search`` as (population, generations), or the parser's usage error."""
+    if text is None:
+        return None
+    population, _, generations = text.partition("x")
+    if population.isdigit() and generations.isdigit():
+        size = int(population), int(generations)
+        if size[0] >= 2 and size[1] >= 1:
+            return size
+    parser.error(
+        "--pollux-search takes POPULATIONxGENERATIONS, e.g. 100x100 (population >= 2, "
+        "generations >= 1)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ffdl.sim.compare", description=__doc__)
     parser.add_argument("--loads", default="0.5,1,2", help="comma-separated, e.g. 0.5,1,2")
@@ -234,14 +255,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--trace", type=Path, default=None)
+    parser.add_argument(
+        "--speed",
+        choices=SPEEDS,
+        default="model",
+        help="the families' step times: their model, or measured profiles",
+    )
     parser.add_argument("--report", type=Path, default=None, help="directory for the report")
     parser.add_argument(
-        "--restart-penalty", type=float, default=None, help="for ffdl's two policies"
+        "--restart-penalty", type=float, default=None, help="for ffdl's elastic policies"
     )
     parser.add_argument(
-        "--fairness-after-s", type=float, default=None, help="for ffdl's two policies"
+        "--fairness-after-s", type=float, default=None, help="for ffdl's elastic policies"
+    )
+    parser.add_argument(
+        "--pollux-search",
+        default=None,
+        metavar="POPULATIONxGENERATIONS",
+        help="the size of Pollux's genetic search, e.g. 100x100 (default 60x40)",
     )
     args = parser.parse_args(argv)
+    search = pollux_search(parser, args.pollux_search)
     loads, seeds = loads_and_seeds(parser, args.loads, args.seeds)
     policies = args.policies.split(",")
     unknown = [p for p in policies if p not in POLICIES]
@@ -251,6 +285,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not trace.exists():
         parser.error(f"the Philly trace is not at {trace} (see data/README.md)")
     shape = ClusterShape(nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    beyond_profiles = shape.nodes > MEASURED_NODES or shape.gpus_per_node > MEASURED_GPUS_PER_NODE
+    if args.speed == "measured" and beyond_profiles:
+        parser.error(
+            f"--speed measured: the profiles cover up to {MEASURED_NODES} nodes of "
+            f"{MEASURED_GPUS_PER_NODE} GPUs"
+        )
     tuned = {
         key: value
         for key, value in (
@@ -266,9 +306,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy = POLICIES[name]()
         if isinstance(policy, FfdlElastic):
             policy = dataclasses.replace(policy, **tuned)  # type: ignore[arg-type]
+        if isinstance(policy, Pollux) and search is not None:
+            policy = dataclasses.replace(policy, population=search[0], generations=search[1])
         return policy
 
-    runs = run_matrix(policies, loads, seeds, trace=trace, shape=shape, make=make)
+    runs = run_matrix(policies, loads, seeds, trace=trace, shape=shape, speed=args.speed, make=make)
     print()
     print(markdown(SUMMARY_HEADER, summary_rows(runs)))
     if "pollux" in policies:

@@ -14,17 +14,21 @@
   smallest count that trains in under 12 hours (else 1 GPU at the family's own batch).
   Policies that do not adapt run the job at exactly that.
 - **Work**: the family's whole training.
+- **Speed** (``WorkloadSpec.speed``): the families' step times from their model (``"model"``)
+  or from measured profiles (``"measured"``); requests are worked out on the same speeds the
+  jobs then run at, as Pollux's workloads were on its measured profiles.
 """
 
 from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from ffdl.sim.compare.families import FAMILIES, Family
+from ffdl.sim.compare.families import FAMILIES, SPEEDS, Family, families
 from ffdl.sim.compare.jobs import CompareJob
 from ffdl.sim.philly import TraceRow, read_rows
 
@@ -41,31 +45,35 @@ class WorkloadSpec:
     load: float = 1.0
     seed: int = 0
     gpus_per_node: int = 4
+    speed: str = "model"
 
     def __post_init__(self) -> None:
         if not self.load > 0:
             raise ValueError("load must be > 0")
+        if self.speed not in SPEEDS:
+            raise ValueError(f"unknown speed {self.speed!r}; choose from {', '.join(SPEEDS)}")
 
 
 def eligible(rows: list[TraceRow]) -> list[TraceRow]:
     """The pool: rows of at least 60 s, under 1,000 GPU-hours, in the first eight hours."""
-    return [
-        r
-        for r in rows
-        if r.duration_s >= 60
-        and r.duration_s * r.gpus < 1000 * 3600
-        and (r.submitted - _SHIFT).hour < 8
-    ]
+    return [r for r in rows if _sized(r) and (r.submitted - _SHIFT).hour < 8]
 
 
-def family_for(gpu_hours: float, draw: random.Random) -> Family:
+def _sized(row: TraceRow) -> bool:
+    """At least 60 s and under 1,000 GPU-hours."""
+    return row.duration_s >= 60 and row.duration_s * row.gpus < 1000 * 3600
+
+
+def family_for(
+    gpu_hours: float, draw: random.Random, among: Mapping[str, Family] = FAMILIES
+) -> Family:
     if gpu_hours < 1:
-        return FAMILIES["cifar10" if draw.random() < 0.5 else "ncf"]
+        return among["cifar10" if draw.random() < 0.5 else "ncf"]
     if gpu_hours < 10:
-        return FAMILIES["deepspeech2" if draw.random() < 0.5 else "bert"]
+        return among["deepspeech2" if draw.random() < 0.5 else "bert"]
     if gpu_hours < 100:
-        return FAMILIES["yolov3"]
-    return FAMILIES["imagenet"]
+        return among["yolov3"]
+    return among["imagenet"]
 
 
 def request_for(family: Family, draw: random.Random, gpus_per_node: int) -> tuple[int, int]:
@@ -102,10 +110,11 @@ def build(spec: WorkloadSpec, trace: Path) -> list[CompareJob]:
     if count > len(pool):
         raise ValueError(f"load {spec.load} needs {count} jobs; the trace window has {len(pool)}")
     draw = random.Random(spec.seed)
+    among = families(spec.speed)
     chosen = sorted(draw.sample(pool, count), key=lambda r: (_time_of_day(r), r.index))
     jobs = []
     for n, row in enumerate(chosen):
-        family = family_for(row.duration_s * row.gpus / 3600, draw)
+        family = family_for(row.duration_s * row.gpus / 3600, draw, among)
         gpus, batch = request_for(family, draw, spec.gpus_per_node)
         jobs.append(
             CompareJob(
@@ -117,6 +126,28 @@ def build(spec: WorkloadSpec, trace: Path) -> list[CompareJob]:
                 work=family.work,
             )
         )
+    return jobs
+
+
+def whole_trace(
+    trace: Path, *, gpus_per_node: int = 4, seed: int = 0, speed: str = "model"
+) -> list[CompareJob]:
+    """Every row of the pool's size and length rules as a job, submitted at its own time
+    (seconds since the trace's first submission): no time-of-day window, no draw of rows.
+    Families and requests follow the rules above, drawn with ``seed``."""
+    spec = WorkloadSpec(seed=seed, gpus_per_node=gpus_per_node, speed=speed)
+    rows = [r for r in read_rows(trace) if _sized(r)]
+    if not rows:
+        raise ValueError(f"{trace} holds no row of at least 60 s and under 1,000 GPU-hours")
+    first = min(r.submitted for r in rows)
+    draw = random.Random(spec.seed)
+    among = families(spec.speed)
+    jobs = []
+    for n, row in enumerate(sorted(rows, key=lambda r: (r.submitted, r.index))):
+        family = family_for(row.duration_s * row.gpus / 3600, draw, among)
+        gpus, batch = request_for(family, draw, spec.gpus_per_node)
+        submit_s = (row.submitted - first).total_seconds()
+        jobs.append(CompareJob(f"job-{n:05d}", submit_s, family, gpus, batch, family.work))
     return jobs
 
 
