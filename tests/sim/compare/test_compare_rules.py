@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ffdl.elastic.throughput import ThroughputModel
@@ -72,6 +73,12 @@ def test_best_goodputs_agree_with_the_scalar_model() -> None:
         nodes = -(-g // 4)
         assert TOY.batch_problem(g, int(batch[g])) is None
         assert goodput[g] == pytest.approx(TOY.goodput(g, nodes, int(batch[g]), 0.3))
+    shapes = [(1, 1, 64), (4, 1, 256), (8, 2, 512)]
+    columns = zip(*shapes, strict=True)
+    gpus, nodes_of, batches = (np.array(column, dtype=np.float64) for column in columns)
+    many = TOY.goodputs(gpus, nodes_of, batches, 0.3)
+    for k, (g, n, b) in enumerate(shapes):
+        assert many[k] == pytest.approx(TOY.goodput(g, n, b, 0.3))
 
 
 @dataclass

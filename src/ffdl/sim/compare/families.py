@@ -124,6 +124,15 @@ class Family:
         nodes = min(max(nodes, 1), gpus)
         return self.speed.throughput(gpus, batch, nodes) * self.efficiency(batch, progress)
 
+    def goodputs(
+        self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray, progress: float
+    ) -> FloatArray:
+        """``goodput`` element-wise over broadcastable arrays (inputs are not checked)."""
+        noise = self.noise_scale_at(progress)
+        efficiency = (noise + self.base_batch) / (noise + batches)
+        result: FloatArray = self.speed.throughputs(gpus, batches, nodes) * efficiency
+        return result
+
     def best_batch(self, gpus: int, nodes: int, progress: float, choices: int = 24) -> int:
         """The batch of highest goodput on ``gpus`` GPUs (0 when no batch can run there)."""
         low, high = self.local_batch

@@ -148,10 +148,7 @@ class TrueGoodput:
     progress: float
 
     def goodput(self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray) -> FloatArray:
-        noise = self.family.noise_scale_at(self.progress)
-        efficiency = (noise + self.family.base_batch) / (noise + batches)
-        result: FloatArray = self.family.speed.throughputs(gpus, batches, nodes) * efficiency
-        return result
+        return self.family.goodputs(gpus, nodes, batches, self.progress)
 
 
 @dataclass
