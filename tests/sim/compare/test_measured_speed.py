@@ -11,6 +11,7 @@ import pytest
 from ffdl.elastic.throughput import StepObservation, fit, prior
 from ffdl.sim.compare.engine import ClusterShape, simulate
 from ffdl.sim.compare.families import FAMILIES, families
+from ffdl.sim.compare.jobs import SeenSteps
 from ffdl.sim.compare.measured import (
     MeasuredSpeed,
     ProfilePoint,
@@ -106,3 +107,14 @@ def test_the_online_fit_learns_from_the_step_times_the_engine_shows() -> None:
     fitted = policy.learned.fitted()
     assert set(fitted) == {j.id for j in jobs}
     assert all(count > 0 and model != prior() for count, model in fitted.values())
+
+
+def test_seen_steps_keep_the_latest_as_runs() -> None:
+    a = StepObservation(1, 8, 1, 0.3)
+    b = StepObservation(2, 16, 1, 0.4)
+    seen = SeenSteps()
+    for observation in (a, a, a, b, b):
+        seen = seen.added(observation, keep=4)
+    assert seen.runs == ((a, 2), (b, 2)) and seen.count == 4 and seen.latest == b
+    assert seen.each() == [a, a, b, b]
+    assert seen.added(b, keep=2).runs == ((b, 2),)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ffdl.elastic.throughput import StepObservation
-from ffdl.sim.compare.jobs import CompareJob, Decision, JobView
+from ffdl.sim.compare.jobs import CompareJob, Decision, JobView, SeenSteps
 from ffdl.sim.compare.placement import place
 
 DEFAULT_INTERVAL_S = 60.0
@@ -76,7 +76,7 @@ class _Running:
     last_run_s: float = 0.0
     first_start_s: float | None = None
     restarts: int = 0
-    observed: list[StepObservation] = field(default_factory=list)
+    observed: SeenSteps = field(default_factory=SeenSteps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +186,7 @@ def _view(state: _Running, now: float) -> JobView:
         age_s=now - job.submit_s,
         last_run_s=state.last_run_s,
         restarts=state.restarts,
-        observed=tuple(state.observed),
+        observed=state.observed,
     )
 
 
@@ -245,8 +245,8 @@ def _advance(
         t = max(start, state.paused_until)
         if t < end:
             seconds_per_step = state.batch / family.speed.throughput(state.gpus, state.batch, nodes)
-            state.observed.append(StepObservation(state.gpus, state.batch, nodes, seconds_per_step))
-            del state.observed[:-MAX_OBSERVATIONS]
+            seen = StepObservation(state.gpus, state.batch, nodes, seconds_per_step)
+            state.observed = state.observed.added(seen, MAX_OBSERVATIONS)
         while t < end:
             dt = min(step_s, end - t)
             rate = family.goodput(state.gpus, nodes, state.batch, state.done / state.job.work)

@@ -42,6 +42,39 @@ class CompareJob:
 
 
 @dataclass(frozen=True, slots=True)
+class SeenSteps:
+    """The step times a job was seen to take, one per round it ran, oldest first, as runs of
+    the same observation (observation, rounds in a row): a job seldom changes shape, so this
+    stays short and is shown to policies every round without copying."""
+
+    runs: tuple[tuple[StepObservation, int], ...] = ()
+    count: int = 0
+
+    @property
+    def latest(self) -> StepObservation | None:
+        return self.runs[-1][0] if self.runs else None
+
+    def added(self, seen: StepObservation, keep: int) -> SeenSteps:
+        """These and ``seen``, the oldest dropped beyond ``keep``."""
+        runs = list(self.runs)
+        if runs and runs[-1][0] == seen:
+            runs[-1] = (seen, runs[-1][1] + 1)
+        else:
+            runs.append((seen, 1))
+        count = self.count + 1
+        while count > keep:
+            oldest, times = runs[0]
+            drop = min(times, count - keep)
+            runs[0:1] = [(oldest, times - drop)] if times > drop else []
+            count -= drop
+        return SeenSteps(tuple(runs), count)
+
+    def each(self) -> list[StepObservation]:
+        """Every observation, as many times as it was seen."""
+        return [seen for seen, times in self.runs for _ in range(times)]
+
+
+@dataclass(frozen=True, slots=True)
 class JobView:
     """A job as a policy sees it at one scheduling round."""
 
@@ -55,9 +88,9 @@ class JobView:
     age_s: float  # since it arrived
     last_run_s: float  # length of its last stretch with GPUs (Tiresias's starvation rule)
     restarts: int
-    # Step times it was seen to take, one per round it ran (latest last): what a policy that
-    # learns a job's speed online, as the live autoscaler does, may fit.
-    observed: tuple[StepObservation, ...] = ()
+    # Step times it was seen to take: what a policy that learns a job's speed online, as the
+    # live autoscaler does, may fit.
+    observed: SeenSteps = SeenSteps()
 
     @property
     def id(self) -> str:

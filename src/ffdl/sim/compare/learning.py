@@ -22,11 +22,11 @@ class OnlineFit:
 
     def model(self, view: JobView) -> ThroughputModel:
         seen = view.observed
-        key = (len(seen), seen[-1] if seen else None)
+        key = (seen.count, seen.latest)
         cached = self._fits.get(view.id)
         if cached is not None and cached[:2] == key:
             return cached[2]
-        model = fit(seen, prior())
+        model = fit(seen.each(), prior())
         self._fits[view.id] = (*key, model)
         return model
 
