@@ -3,7 +3,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench chaos chaos-replicas clean sandbox-tools
+.PHONY: demo test lint typecheck bench chaos chaos-replicas clean sandbox-tools gpu-kit
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,8 @@ demo: $(STAMP) sandbox-tools
 	$(BIN)/ffdl demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples data
-	$(BIN)/ruff format --check src tests benchmarks examples data
+	$(BIN)/ruff check src tests benchmarks examples data tools
+	$(BIN)/ruff format --check src tests benchmarks examples data tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -48,6 +48,11 @@ chaos: $(STAMP) sandbox-tools
 # version runs in `make test` (tests/replicas/test_replicas_live.py).
 chaos-replicas: $(STAMP) sandbox-tools
 	$(BIN)/python benchmarks/chaos_replicas.py $(CHAOS_ARGS)
+
+# Wheels, bwrap and a runner for a GPU host without a package index (tools/gpu-kit): then,
+# there, from the project's root, `bash .gpu-kit/run.sh` runs the GPU tests and benchmarks.
+gpu-kit: $(STAMP)
+	$(BIN)/python tools/gpu-kit/prepare.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

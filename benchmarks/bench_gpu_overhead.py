@@ -1,11 +1,13 @@
 """Training through ffdl against the same training run bare, on this host's GPU.
 
 ``workloads/synthetic_cnn.py`` runs once bare to warm caches and the device (not
-counted), then ``RUNS`` times as a plain process and ``RUNS`` times as an ffdl job,
+counted), then ``--runs`` times (3) as a plain process and as many as an ffdl job,
 alternating, on a live server with default settings whose local backend reports this
 host's GPUs (``CUDA_VISIBLE_DEVICES`` pins the job; the bare run gets the same device,
-thread count and report directory). Without a GPU the workload runs a small configuration
-on the CPU, so the figures show the platform's fixed cost only.
+thread count and report directory), with an ordinary memory limit (4 GiB). Without a GPU
+the workload runs a small configuration on the CPU, so the figures show the platform's
+fixed cost only. On a GPU host both runs must train on the GPU: a run that could not use
+it (CUDA failed to start, say) stops the benchmark with its error and prints no ratio.
 
 Printed, as medians with the ffdl/bare ratio:
 
@@ -18,6 +20,7 @@ Printed, as medians with the ffdl/bare ratio:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -44,6 +47,16 @@ def _result(lines: list[str]) -> dict[str, Any]:
     raise RuntimeError("the workload printed no RESULT line:\n" + "\n".join(lines[-20:]))
 
 
+class NotOnTheGpu(RuntimeError):
+    """A run on a GPU host that did not train on the GPU: no figure can come of it."""
+
+
+def _on_the_gpu(result: dict[str, Any], gpu: bool, run: str) -> dict[str, Any]:
+    if gpu and result.get("device") in (None, "cpu"):
+        raise NotOnTheGpu(f"the {run} run trained on {result.get('device')}, not the GPU")
+    return result
+
+
 def _bare(tmp: Path, threads: int, gpu: bool) -> dict[str, Any]:
     logs = tmp / "bare-logs"
     env = {
@@ -54,6 +67,7 @@ def _bare(tmp: Path, threads: int, gpu: bool) -> dict[str, Any]:
         "LOG_DIR": str(logs),
         "CUDA_VISIBLE_DEVICES": "0" if gpu else "",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "BENCH_DEVICE": "cuda" if gpu else "",
     }
     started = time.perf_counter()
     done = subprocess.run(
@@ -66,8 +80,8 @@ def _bare(tmp: Path, threads: int, gpu: bool) -> dict[str, Any]:
     )
     wall = time.perf_counter() - started
     if done.returncode != 0:
-        raise RuntimeError(f"the bare run exited {done.returncode}:\n{done.stderr[-2000:]}")
-    return {**_result(done.stdout.splitlines()), "wall_s": wall}
+        raise NotOnTheGpu(f"the bare run exited {done.returncode}:\n{done.stderr[-2000:]}")
+    return {**_on_the_gpu(_result(done.stdout.splitlines()), gpu, "bare"), "wall_s": wall}
 
 
 def _event_time(model: dict[str, Any], target: str) -> datetime:
@@ -78,7 +92,7 @@ def _event_time(model: dict[str, Any], target: str) -> datetime:
     )
 
 
-def _platform(server: LiveServer, manifest: str, code: dict[str, str]) -> dict[str, Any]:
+def _platform(server: LiveServer, manifest: str, code: dict[str, str], gpu: bool) -> dict[str, Any]:
     submitted = time.time()
     job_id = server.submit_ok(manifest, code)
 
@@ -91,13 +105,14 @@ def _platform(server: LiveServer, manifest: str, code: dict[str, str]) -> dict[s
     # from the server's COMPLETED event (same host, same clock), not from the poll.
     model: dict[str, Any] = wait_for(ended, timeout=900, interval=0.5, what=f"{job_id} to end")
     status = model["training"]["training_status"]["status"]
-    if status != "COMPLETED":
-        raise RuntimeError(f"{job_id} ended {status}: {model['training']}")
     lines = [i["line"] for i in server.loglines(job_id)]
+    if status != "COMPLETED":
+        tail = "\n".join(lines[-20:])
+        raise NotOnTheGpu(f"{job_id} ended {status}: {model['training']}\n{tail}")
     queued, processing = _event_time(model, "QUEUED"), _event_time(model, "PROCESSING")
     storing, completed = _event_time(model, "STORING"), _event_time(model, "COMPLETED")
     return {
-        **_result(lines),
+        **_on_the_gpu(_result(lines), gpu, "ffdl"),
         "wall_s": completed.timestamp() - submitted,
         "to_processing_s": (processing - queued).total_seconds(),
         "processing_s": (storing - processing).total_seconds(),
@@ -106,13 +121,12 @@ def _platform(server: LiveServer, manifest: str, code: dict[str, str]) -> dict[s
     }
 
 
-def main() -> dict[str, float]:
+def main(runs: int = RUNS) -> dict[str, float]:
     gpus = detect_gpus()
     threads = min(4, os.cpu_count() or 1)
     code = {"synthetic_cnn.py": WORKLOAD.read_text()}
-    manifest = manifest_yaml(
-        "python synthetic_cnn.py", name="gpu-overhead", gpus=1, cpus=threads, memory="4GiB"
-    )
+    command = "BENCH_DEVICE=cuda python synthetic_cnn.py" if gpus else "python synthetic_cnn.py"
+    manifest = manifest_yaml(command, name="gpu-overhead", gpus=1, cpus=threads, memory="4GiB")
     bare: list[dict[str, Any]] = []
     platform: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -121,12 +135,12 @@ def main() -> dict[str, float]:
         server.start()
         try:
             _bare(tmp, threads, bool(gpus))  # not counted: warms caches and the device
-            for run in range(RUNS):
+            for run in range(runs):
                 bare.append(_bare(tmp, threads, bool(gpus)))
-                platform.append(_platform(server, manifest, code))
+                platform.append(_platform(server, manifest, code, bool(gpus)))
                 b, p = bare[-1], platform[-1]
                 print(
-                    f"  run {run + 1}/{RUNS}: bare {b['samples_per_s']:,.0f} samples/s in "
+                    f"  run {run + 1}/{runs}: bare {b['samples_per_s']:,.0f} samples/s in "
                     f"{b['wall_s']:.2f} s; ffdl {p['samples_per_s']:,.0f} samples/s in "
                     f"{p['wall_s']:.2f} s (pinned to {p['pinned']})",
                     flush=True,
@@ -150,7 +164,7 @@ def main() -> dict[str, float]:
     first = bare[0]
     print(
         f"training on {first['device']}: {first['steps']} steps × batch {first['batch']}, "
-        f"medians of {RUNS} runs each"
+        f"medians of {runs} runs each"
     )
     print(f"  {'':28}{'bare':>12}{'ffdl':>12}{'ffdl/bare':>12}")
     throughput = (result["bare_samples_per_s"], result["ffdl_samples_per_s"])
@@ -171,4 +185,9 @@ def main() -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=RUNS, help="runs of each kind (3)")
+    try:
+        main(parser.parse_args().runs)
+    except NotOnTheGpu as exc:
+        raise SystemExit(f"no figures: {exc}") from None

@@ -1,9 +1,10 @@
 """A training workload for ``bench_gpu_overhead``: a small CNN on synthetic images.
 
 Runs the same way bare (``python synthetic_cnn.py``) and as an ffdl job. It trains on the
-GPU when torch sees one (bf16 autocast), else on the CPU with a smaller configuration,
-reports through the SDK every ``REPORT_EVERY`` steps as a real job would, and prints one
-``RESULT {json}`` line with its own timing of the training loop.
+GPU when torch sees one (bf16 autocast), else on the CPU with a smaller configuration;
+with ``BENCH_DEVICE=cuda`` a GPU it cannot use is an error (CUDA's own), never a quiet
+fall-back to the CPU. It reports through the SDK every ``REPORT_EVERY`` steps as a real
+job would, and prints one ``RESULT {json}`` line with its own timing of the training loop.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def model(width: int) -> nn.Module:
 
 def main() -> None:
     cuda = torch.cuda.is_available()
+    if os.environ.get("BENCH_DEVICE") == "cuda" and not cuda:
+        # is_available() hides why; initialising says it (out of memory, no driver, ...).
+        torch.cuda.init()
+        raise SystemExit("BENCH_DEVICE=cuda, but torch sees no usable CUDA device")
     device = torch.device("cuda" if cuda else "cpu")
     steps = int(os.environ.get("BENCH_STEPS", "2000" if cuda else "40"))
     batch = int(os.environ.get("BENCH_BATCH", "256" if cuda else "32"))

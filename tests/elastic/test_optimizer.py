@@ -59,14 +59,20 @@ def _value(
 def _best_per_gpu_count(
     job: ElasticJob, total: int, *, restart_penalty: float, batch_choices: int, fixed: bool
 ) -> dict[int, float]:
-    """For every allowed GPU count, the best value over the job's batch choices."""
+    """For every allowed GPU count, the best value over the job's batch choices: its grid,
+    and for that GPU count the largest and the smallest batch of its range that many GPUs
+    can run (these jobs give no per-GPU limits: at least one sample per GPU)."""
     low, high = job.gpu_range
     batches = batch_candidates(job, batch_choices=batch_choices, fixed_batch=fixed)
+    batch_low, batch_high = (
+        (job.base_batch, job.base_batch) if fixed or job.batch_range is None else job.batch_range
+    )
     result = {0: 0.0}
     for g in range(job.gpus_per_learner, min(high, total) + 1, job.gpus_per_learner):
+        filling = (batch_high, min(max(g, batch_low), batch_high))
         values = [
             _value(job, g, b, restart_penalty=restart_penalty)
-            for b in batches
+            for b in (*batches, *filling)
             if g >= low and b >= g
         ]
         if values:

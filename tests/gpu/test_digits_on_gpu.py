@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from ffdl.backends.gpus import detect_gpus
-from tests.integration.live import HOST_CONFIG, LiveServer, serving, wait_for
+from tests.gpu.trouble import wait_on_gpu
+from tests.integration.live import HOST_CONFIG, LiveServer, serving
 
 pytestmark = [
     pytest.mark.gpu,
@@ -61,7 +62,9 @@ def test_digits_trains_on_the_gpu_halts_and_resumes_there(host: LiveServer) -> N
     assert response.status_code == 201, response.text
     job_id = str(response.json()["model_id"])
 
-    device = wait_for(
+    device = wait_on_gpu(
+        host,
+        [job_id],
         lambda: next(
             (line for line in _lines(host, job_id) if line.startswith("training on")), None
         ),
@@ -69,7 +72,9 @@ def test_digits_trains_on_the_gpu_halts_and_resumes_there(host: LiveServer) -> N
         what="the device line",
     )
     assert device == f"training on {detect_gpus()[0].name}"
-    wait_for(lambda: len(_train_epochs(host, job_id)) >= 3, timeout=120, what="three epochs")
+    wait_on_gpu(
+        host, [job_id], lambda: len(_train_epochs(host, job_id)) >= 3, timeout=120, what="epochs"
+    )
     host.client.patch(f"/v1/models/{job_id}", json={"status": "halt"})
     host.wait_status(job_id, {"HALTED"}, timeout=60)
     assert not host.model(job_id)["placement"], "a halted job keeps no GPU"

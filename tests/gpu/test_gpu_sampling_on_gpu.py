@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from ffdl.backends.gpus import detect_gpus
-from tests.integration.live import HOST_CONFIG, manifest_yaml, running_server, wait_for
+from tests.gpu.trouble import wait_on_gpu
+from tests.integration.live import HOST_CONFIG, LiveServer, manifest_yaml, serving
 
 pytestmark = [
     pytest.mark.gpu,
@@ -33,14 +34,17 @@ torch.cuda.synchronize()
 
 
 def test_a_gpu_bound_jobs_samples_show_it_busy(tmp_path: Path) -> None:
-    with running_server(tmp_path / "home", **{**HOST_CONFIG, "gpu_sample_s": 1.0}) as server:
-        job_id = server.submit_ok(manifest_yaml("python busy.py", gpus=1), {"busy.py": BUSY})
+    # This host's real GPUs (HOST_CONFIG declares no virtual nodes).
+    config = {**HOST_CONFIG, "gpu_sample_s": 1.0}
+    with serving(LiveServer(home=tmp_path / "home", config=config)) as server:
+        manifest = manifest_yaml("python busy.py", gpus=1, memory="4GiB")
+        job_id = server.submit_ok(manifest, {"busy.py": BUSY})
 
         def measured() -> dict[str, Any] | None:
             use = server.model(job_id).get("gpu_utilization")
             return use if use and use["measured_s"] >= 10 else None
 
-        use = wait_for(measured, timeout=120, what="10 s of GPU samples")
+        use = wait_on_gpu(server, [job_id], measured, timeout=120, what="10 s of GPU samples")
         assert use["average"] > 50.0, use
         assert use["memory_mb"] is not None and use["memory_mb"] > 2000.0, use
         samples = server.client.get(f"/v1/models/{job_id}/gpu").json()["samples"]

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from ffdl.backends.gpus import GpuInfo, detect_gpus
-from tests.integration.live import HOST_CONFIG, LiveServer, manifest_yaml, serving, wait_for
+from tests.gpu.trouble import wait_on_gpu
+from tests.integration.live import HOST_CONFIG, LiveServer, manifest_yaml, serving
 
 GPUS = detect_gpus()
 
@@ -96,7 +97,9 @@ def test_each_learner_sees_only_its_own_gpu_and_the_next_job_waits(host: LiveSer
         found = {job_id: _probe(host, job_id) for job_id in running}
         return found if all(found.values()) else None  # type: ignore[return-value]
 
-    probes: dict[str, dict[str, Any]] = wait_for(probed, timeout=120, what="probes on every GPU")
+    probes: dict[str, dict[str, Any]] = wait_on_gpu(
+        host, running, probed, timeout=120, what="probes on every GPU"
+    )
     waiting = host.model(extra)
     assert waiting["training"]["training_status"]["status"] == "QUEUED"
     assert "GPU" in waiting["queue"]["reason"], waiting["queue"]
@@ -116,7 +119,7 @@ def test_each_learner_sees_only_its_own_gpu_and_the_next_job_waits(host: LiveSer
 
     for job_id in running:
         _release(host, job_id)
-    wait_for(lambda: _probe(host, extra), timeout=120, what="the waiting job's probe")
+    wait_on_gpu(host, [extra], lambda: _probe(host, extra), timeout=120, what="the next probe")
     _release(host, extra)
     for job_id in ids:
         host.wait_status(job_id, {"COMPLETED"}, timeout=120)
@@ -127,7 +130,7 @@ def test_each_learner_sees_only_its_own_gpu_and_the_next_job_waits(host: LiveSer
 def test_a_job_without_gpus_sees_no_device(host: LiveServer) -> None:
     manifest, files = _probe_job(gpus=0)
     job_id = host.submit_ok(manifest, files)
-    probe = wait_for(lambda: _probe(host, job_id), timeout=120, what="the probe")
+    probe = wait_on_gpu(host, [job_id], lambda: _probe(host, job_id), timeout=120, what="the probe")
     _release(host, job_id)
     host.wait_status(job_id, {"COMPLETED"}, timeout=120)
     assert probe["count"] == 0 and probe["visible"] == ""

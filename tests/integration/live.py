@@ -152,7 +152,8 @@ class LiveServer:
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 sandbox = json.loads((pid_file.parent / "spec.json").read_text())["sandbox"]
                 if sandbox and sandbox.get("privileged"):
-                    LearnerCgroup.existing(str(sandbox["cgroup"])).remove()
+                    parent = str(sandbox.get("cgroup_parent") or "")
+                    LearnerCgroup.existing(str(sandbox["cgroup"]), parent).remove()
                     network = str(sandbox.get("network", ""))
                     if network.startswith(NETNS_PREFIX):
                         remove_netns_if_unused(network[len(NETNS_PREFIX) :])

@@ -91,5 +91,8 @@ class TroubledBackend:
     def problem(self) -> str | None:
         return self.trouble
 
+    def learner_limits(self) -> dict[str, object]:
+        return self.inner.learner_limits()
+
     def close(self) -> None:
         self.closed = True

@@ -21,6 +21,9 @@ controllers. Rules every implementation keeps:
   never a job's failure.
 - ``problem`` says why no learner can start now (None when all is well); while it returns
   a reason the scheduler starts nothing and shows that reason on every queued job.
+- ``learner_limits`` says how the manifest's memory and CPUs are held on the hosts where
+  learners run (``memory``: "cgroup v2", "cgroup v1", "watchdog", "none" or "per node";
+  ``detail``: one line for an operator), for ``/health`` and ``ffdl status``.
 - ``close`` releases what the backend holds (connections); the platform calls it once
   when it shuts down. Learners keep running.
 """
@@ -85,5 +88,7 @@ class Backend(Protocol):
     def poll(self, handle: Handle) -> PollResult: ...
 
     def problem(self) -> str | None: ...
+
+    def learner_limits(self) -> dict[str, object]: ...
 
     def close(self) -> None: ...

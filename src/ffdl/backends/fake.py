@@ -264,6 +264,9 @@ class FakeBackend:
     def problem(self) -> str | None:
         return None  # an in-memory cluster is always reachable
 
+    def learner_limits(self) -> dict[str, object]:
+        return {"memory": "none", "detail": "the fake backend starts no processes"}
+
     def close(self) -> None:
         pass
 

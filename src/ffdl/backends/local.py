@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,12 +21,15 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ffdl.backends.base import Handle, LaunchRequest, LearnerState, PollResult
+from ffdl.backends.base import BackendConfigError, Handle, LaunchRequest, LearnerState, PollResult
 from ffdl.backends.gpus import detect_gpus
 from ffdl.core.resources import Node
+from ffdl.learner.cgroup_placement import CgroupParentError, Placement, discover, no_cgroup
 from ffdl.learner.cgroups import LearnerCgroup
 from ffdl.learner.sandbox import check_available, remove_netns_if_unused
 from ffdl.learner.spec import LearnerSpec, dump_spec
+
+log = logging.getLogger("ffdl.backends.local")
 
 CONTROLLER_MODULE = "ffdl.learner.controller"
 NO_SANDBOX_WARNING = (
@@ -38,14 +42,18 @@ NO_SANDBOX_WARNING = (
 class LocalConfig:
     """What the local backend reads: the platform's home (controllers' ``HOME``), the
     ``PATH`` controllers get, whether learners are sandboxed, the declared nodes (empty:
-    the real host is one node) and, on a host without GPUs, how many CPU slots it offers
-    (None: one per core)."""
+    the real host is one node), on a host without GPUs how many CPU slots it offers (None:
+    one per core), and where learners' cgroups go: under ``cgroup_parent`` when set, else
+    where ``ffdl.learner.cgroup_placement`` finds room; none at all with ``learner_cgroups``
+    off (the controllers then watch their learners' memory)."""
 
     home: str
     learner_path: str = "/usr/local/bin:/usr/bin:/bin"
     sandbox: bool = True
     nodes: tuple[Node, ...] = ()
     cpu_slots: int | None = None
+    cgroup_parent: str = ""
+    learner_cgroups: bool = True
 
 
 class SandboxUnavailable(RuntimeError):
@@ -74,8 +82,14 @@ def _proc_alive(pid: int, marker: str) -> bool:
 
 def _with_sandbox(handle: Handle, spec: LearnerSpec) -> Handle:
     """The handle plus what ``kill`` needs to clean up after a controller that cannot."""
-    if spec.sandbox is not None and spec.sandbox.privileged:
-        return {**handle, "cgroup": spec.sandbox.cgroup, "netns": spec.sandbox.netns}
+    sandbox = spec.sandbox
+    if sandbox is not None and sandbox.privileged:
+        return {
+            **handle,
+            "cgroup": sandbox.cgroup,
+            "cgroup_parent": sandbox.cgroup_parent,
+            "netns": sandbox.netns,
+        }
     return handle
 
 
@@ -89,12 +103,39 @@ class LocalBackend:
                 f"cannot sandbox learners: {problem}. Install bubblewrap, or start with "
                 "--no-sandbox to run learners unconfined (trusted single-user machines only)"
             )
+        self._placement = self._place_cgroups()
         self._nodes = self._discover_nodes()
         # Controllers this process started, waited on so they never linger as zombies: every
         # call the loops make each pass (nodes, launch, poll, halt, kill) reaps the finished
         # ones. Loops and request threads call in at once, hence the lock.
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._children_lock = threading.Lock()
+
+    def _place_cgroups(self) -> Placement:
+        """Where learners' cgroups go on this host, made ready now (the ``ffdl/`` subtree,
+        its controllers) and logged, so that a bad ``cgroup_parent`` stops the start."""
+        config = self._config
+        if not config.sandbox:
+            return no_cgroup("learners are not sandboxed")
+        if os.geteuid() != 0:
+            placement = no_cgroup("the platform does not run as root")
+        elif not config.learner_cgroups:
+            placement = no_cgroup("learner_cgroups is off")
+        else:
+            try:
+                placement = discover(config.cgroup_parent or None)
+            except CgroupParentError as exc:
+                raise BackendConfigError(str(exc)) from exc
+        log.info("%s", placement.describe())
+        return placement
+
+    def learner_limits(self) -> dict[str, object]:
+        if not self._config.sandbox:
+            return {
+                "memory": "none",
+                "detail": "learners are not sandboxed: their memory and CPUs are not limited",
+            }
+        return self._placement.as_dict()
 
     def _discover_nodes(self) -> list[Node]:
         if self._config.nodes:
@@ -199,7 +240,8 @@ class LocalBackend:
         # A controller killed before it could clean up leaves its sandbox's cgroup and
         # network namespace behind; whatever still runs in them ends here.
         if handle.get("cgroup"):
-            LearnerCgroup.existing(str(handle["cgroup"])).remove()
+            parent = str(handle.get("cgroup_parent") or "")
+            LearnerCgroup.existing(str(handle["cgroup"]), parent).remove()
         if handle.get("netns"):
             remove_netns_if_unused(str(handle["netns"]))
 

@@ -282,6 +282,15 @@ class RayBackend:
     def problem(self) -> str | None:
         return self._problem
 
+    def learner_limits(self) -> dict[str, object]:
+        return {
+            "memory": "per node",
+            "detail": (
+                "each Ray node places its learners' cgroups itself (under cgroup_parent when "
+                "set); every learner's log says on its first lines which limits hold"
+            ),
+        }
+
     def close(self) -> None:
         self._closed.set()
         self._connector.join(timeout=5)

@@ -164,7 +164,8 @@ class LearnerHost:
         spec = self._spec
         if spec is not None and spec.sandbox is not None and spec.sandbox.privileged:
             if spec.sandbox.cgroup:
-                LearnerCgroup.existing(spec.sandbox.cgroup).remove()
+                sandbox = spec.sandbox
+                LearnerCgroup.existing(sandbox.cgroup, sandbox.cgroup_parent).remove()
             if spec.sandbox.netns is not None:
                 remove_netns_if_unused(spec.sandbox.netns)
         self._wake.set()

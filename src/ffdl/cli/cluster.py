@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ffdl.cli.context import client_of
 
@@ -98,6 +99,7 @@ def status_command(ctx: typer.Context) -> None:
     """Show the control plane: its replicas and which one runs each background loop."""
     with client_of(ctx) as client:
         body = client.replicas()
+        limits = client.health().get("learner_limits") or {}
     this = body.get("this_replica")
     table = Table(title="Replicas")
     for column in ("replica", "url", "version", "state", "last seen", "leads"):
@@ -119,6 +121,11 @@ def status_command(ctx: typer.Context) -> None:
     for lease in body.get("leases") or []:
         leases.add_row(lease["name"], str(lease.get("holder") or "nobody"), str(lease["token"]))
     console.print(leases)
+    if limits:
+        console.print(
+            Text(f"Learner limits ({limits.get('memory')}): {limits.get('detail', '')}"),
+            soft_wrap=True,
+        )
 
 
 MaxGpus = Annotated[int | None, typer.Option("--max-gpus", help="GPU quota (-1: no limit).")]

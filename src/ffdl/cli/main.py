@@ -181,6 +181,16 @@ def up(
             "config.yaml, or one process. See GET /v1/cluster/pool.",
         ),
     ] = None,
+    cgroup_parent: Annotated[
+        str | None,
+        typer.Option(
+            "--cgroup-parent",
+            metavar="CGROUP",
+            help="Make learners' cgroups under this cgroup (v2: a path below "
+            "/sys/fs/cgroup such as /ffdl.slice; it must exist and have the memory "
+            "controller). Default: FFDL_CGROUP_PARENT, config.yaml, or found on the host.",
+        ),
+    ] = None,
 ) -> None:
     """Start the ffdl platform (API server, scheduler, dashboard) in the foreground."""
     # The server stack is heavy; only `up` pays for importing it.
@@ -195,6 +205,7 @@ def up(
         ray_address=ray_address,
         advertise_url=advertise_url,
         workers=workers,
+        cgroup_parent=cgroup_parent,
     )
 
 

@@ -1,11 +1,11 @@
 """A learner's cgroups: its memory limit, its CPU share, and the list of its processes.
 
-One cgroup per learner attempt, created by the controller (as root) under the
-controller's own cgroup, so the platform's own limits still bound it. cgroup v2 (one
-unified hierarchy) is used where the host has it with the memory controller delegated;
-otherwise cgroup v1's ``memory`` and ``cpu`` hierarchies. A learner over its memory limit
-is killed by the kernel inside its own cgroup, never elsewhere on the host, and
-``oom_killed`` tells the controller that this is what happened.
+One cgroup per learner attempt, created by the controller (as root) where
+``ffdl.learner.cgroup_placement`` says learners' cgroups go on this host: cgroup v2 under
+the configured ``cgroup_parent`` or an ``ffdl/`` subtree of a cgroup that delegates the
+memory controller, else cgroup v1's ``memory`` and ``cpu`` hierarchies. A learner over its
+memory limit is killed by the kernel inside its own cgroup, never elsewhere on the host,
+and ``oom_killed`` tells the controller that this is what happened.
 
 Standard library only: the controller must start fast.
 """
@@ -19,47 +19,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+from ffdl.learner.cgroup_placement import V2, CgroupParentError, discover
+
 CPU_SHARES_PER_CPU = 1024
 CPU_WEIGHT_PER_CPU = 100
 REMOVE_WAIT_S = 5.0
-
-
-def _own_path(controller: str) -> str | None:
-    """This process's cgroup path in ``controller``'s hierarchy ("" for v2's)."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _hierarchy, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
-            return path
-    return None
-
-
-def _v2_parent() -> Path | None:
-    """A v2 directory where child cgroups get the memory controller, if there is one."""
-    if not (CGROUP_ROOT / "cgroup.controllers").exists():
-        return None
-    own = _own_path("")
-    if own is None:
-        return None
-    parent = CGROUP_ROOT / own.lstrip("/")
-    try:
-        enabled = (parent / "cgroup.subtree_control").read_text().split()
-    except OSError:
-        return None
-    return parent if "memory" in enabled else None
-
-
-def _v1_dir(controller: str) -> Path | None:
-    mount = CGROUP_ROOT / controller
-    own = _own_path(controller)
-    if own is None or not (mount / "cgroup.procs").exists():
-        return None
-    parent = mount / own.lstrip("/")
-    return parent if parent.is_dir() and os.access(parent, os.W_OK) else None
 
 
 def _write(path: Path, value: str) -> None:
@@ -73,27 +37,38 @@ class LearnerCgroup:
     directories: list[Path]
     version: int
     memory_bytes: int | None = None
+    # Whether a CPU share was set (the placement may lack the cpu controller).
+    cpu: bool = False
 
     @classmethod
-    def create(cls, name: str, memory_bytes: int | None, cpus: float | None) -> LearnerCgroup:
-        """Create (or reuse) the learner's cgroup; raise OSError when none can be made."""
-        v2 = _v2_parent()
-        if v2 is not None:
-            directory = v2 / name
-            directory.mkdir(exist_ok=True)
+    def create(
+        cls,
+        name: str,
+        memory_bytes: int | None,
+        cpus: float | None,
+        cgroup_parent: str | None = None,
+    ) -> LearnerCgroup:
+        """Create (or reuse) the learner's cgroup; OSError, saying why, when none can be made."""
+        try:
+            placement = discover(cgroup_parent)
+        except CgroupParentError as exc:
+            raise OSError(str(exc)) from exc
+        if not placement.directories:
+            raise OSError(placement.reason)
+        directories = placement.learner_directories(name)
+        directories[0].mkdir(exist_ok=True)
+        if placement.version == V2:
+            directory = directories[0]
             if memory_bytes:
                 _write(directory / "memory.max", str(memory_bytes))
                 with contextlib.suppress(OSError):
                     _write(directory / "memory.swap.max", "0")
-            if cpus:
+            cpu = False
+            if cpus and placement.cpu:
                 with contextlib.suppress(OSError):
                     _write(directory / "cpu.weight", str(max(1, int(cpus * CPU_WEIGHT_PER_CPU))))
-            return cls([directory], 2, memory_bytes)
-        memory = _v1_dir("memory")
-        if memory is None:
-            raise OSError("no writable memory cgroup (v1 or v2) for this process")
-        directories = [memory / name]
-        directories[0].mkdir(exist_ok=True)
+                    cpu = True
+            return cls(directories, V2, memory_bytes, cpu)
         if memory_bytes:
             _write(directories[0] / "memory.limit_in_bytes", str(memory_bytes))
             # Where swap is accounted, the limit covers memory and swap together.
@@ -101,27 +76,30 @@ class LearnerCgroup:
             if memsw.exists():
                 with contextlib.suppress(OSError):
                     _write(memsw, str(memory_bytes))
-        cpu = _v1_dir("cpu")
-        if cpu is not None and cpus:
-            directory = cpu / name
+        kept = directories[:1]
+        if len(directories) > 1 and cpus:
             with contextlib.suppress(OSError):
-                directory.mkdir(exist_ok=True)
-                _write(directory / "cpu.shares", str(max(2, int(cpus * CPU_SHARES_PER_CPU))))
-                directories.append(directory)
-        return cls(directories, 1, memory_bytes)
+                directories[1].mkdir(exist_ok=True)
+                _write(directories[1] / "cpu.shares", str(max(2, int(cpus * CPU_SHARES_PER_CPU))))
+                kept.append(directories[1])
+        return cls(kept, placement.version, memory_bytes, len(kept) == 2)
 
     @classmethod
-    def existing(cls, name: str) -> LearnerCgroup:
-        """The learner's cgroup as far as it still exists (used to clean up after a controller)."""
-        v2 = _v2_parent()
-        if v2 is not None:
-            return cls([v2 / name] if (v2 / name).is_dir() else [], 2)
-        found = []
-        for controller in ("memory", "cpu"):
-            parent = _v1_dir(controller)
-            if parent is not None and (parent / name).is_dir():
-                found.append(parent / name)
-        return cls(found, 1)
+    def existing(cls, name: str, cgroup_parent: str | None = None) -> LearnerCgroup:
+        """The learner's cgroup as far as it still exists (used to clean up after a
+        controller); nothing is created looking for it. A learner without a cgroup has an
+        empty name, which finds nothing (never the placement's parent itself)."""
+        try:
+            placement = discover(cgroup_parent, create=False)
+            candidates = placement.learner_directories(name)
+        except (CgroupParentError, ValueError):
+            return cls([], 0)
+        return cls([d for d in candidates if d.is_dir()], placement.version)
+
+    def describe(self) -> str:
+        """Where the learner's cgroup is and what it holds, for the learner's log."""
+        mechanism = f"cgroup v{self.version}"
+        return f"{mechanism} {self.directories[0]}" if self.directories else mechanism
 
     @property
     def procs_files(self) -> list[str]:
@@ -160,8 +138,20 @@ class LearnerCgroup:
             time.sleep(0.01)
 
     def remove(self) -> None:
-        """Kill what is left and delete the cgroup directories."""
+        """Kill what is left and delete the cgroup directories.
+
+        A killed process stays in its cgroup until its parent reaps it, and until then the
+        kernel refuses the removal (EBUSY): it is tried again for a few seconds."""
         self.kill_all()
+        deadline = time.monotonic() + REMOVE_WAIT_S
         for directory in reversed(self.directories):
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+            while True:
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.05)

@@ -27,8 +27,8 @@ from types import FrameType
 
 from ffdl.core.status import ErrorCode, LearnerStatus
 from ffdl.learner import metrics, runtime, sandbox, staging
-from ffdl.learner.cgroups import LearnerCgroup
 from ffdl.learner.gpu_sampler import GpuSampler, visible_indexes
+from ffdl.learner.limits import LearnerLimits, memory_text
 from ffdl.learner.metric_sources import MetricSources
 from ffdl.learner.output import OUTPUT_RECORD, OutputReaders, OutputRecord, TrainingLog
 from ffdl.learner.processes import descendants, group_members
@@ -92,11 +92,6 @@ def _peak_rss() -> str:
     return "unknown"
 
 
-def _memory_text(size: int) -> str:
-    mib = size / (1024 * 1024)
-    return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib:g} MiB"
-
-
 def _become_group_leader() -> None:
     """Own a process group, so that signalling "the group minus me" reaches only the
     command and what it started, never whoever launched the controller."""
@@ -154,7 +149,7 @@ class Controller:
         self._output_lock = threading.Lock()
         self._output_closed = False
         self._metric_sources: MetricSources | None = None
-        self._cgroup: LearnerCgroup | None = None
+        self._limits: LearnerLimits | None = None
         # The job's store (results store, else checkpoint store), whether this attempt's
         # logs already went there, and the thread keeping CHECKPOINT_DIR in it meanwhile.
         self._results_store: staging.JobStore | None = None
@@ -345,6 +340,8 @@ class Controller:
             )
         self._child = child
         logger.info("command started as pid %d", child.pid)
+        if self._limits is not None:
+            self._limits.watch_process(child.pid, lambda: self._signal_command(signal.SIGKILL))
         self._training_log.open()
         self._output_record.open()
         assert child.stdout is not None and child.stderr is not None
@@ -366,6 +363,8 @@ class Controller:
             exit_code, acted_on, request = self._supervise(child)
         finally:
             gpus.stop()
+            if self._limits is not None:
+                self._limits.stop_watching()
         logger.info("command exited with %d", exit_code)
         if self._checkpoint_sync is not None:
             self._checkpoint_sync.stop()
@@ -381,24 +380,16 @@ class Controller:
             return ["/bin/bash", "-c", self.spec.command]
         if spec.privileged and spec.netns is not None:
             sandbox.ensure_netns(spec.netns)
-        procs: list[str] = []
-        if spec.privileged and spec.cgroup:
-            try:
-                self._cgroup = LearnerCgroup.create(spec.cgroup, spec.memory_bytes, spec.cpus)
-                procs = self._cgroup.procs_files
-            except OSError as exc:
-                self._ffdl_log(
-                    f"[ffdl] no cgroup for this learner ({exc}); memory is bounded "
-                    "by an address-space limit instead"
-                )
+        self._limits = LearnerLimits(spec, self._ffdl_log)
+        procs = self._limits.prepare()
         home = self.spec.env.get("HOME", self.spec.workdir)
         identity = sandbox.write_identity_files(self.state_dir / "sandbox", spec, home)
         return sandbox.sandbox_argv(spec, self.spec.command, self.spec.workdir, identity, procs)
 
     def _release_sandbox(self) -> None:
         """End whatever is left of the sandbox and remove its cgroup and network namespace."""
-        if self._cgroup is not None:
-            self._cgroup.remove()
+        if self._limits is not None:
+            self._limits.release()
         spec = self.spec.sandbox
         if spec is not None and spec.privileged and spec.netns is not None:
             sandbox.remove_netns_if_unused(spec.netns)
@@ -442,8 +433,8 @@ class Controller:
             return outcome
         if exit_code == 0:
             return None
-        if self._cgroup is not None and self._cgroup.oom_killed():
-            limit = _memory_text(self._cgroup.memory_bytes or 0)
+        if self._limits is not None and self._limits.exceeded():
+            limit = memory_text(self._limits.memory_bytes or 0)
             return LearnerResult(
                 LearnerStatus.FAILED,
                 exit_code=exit_code,
@@ -473,8 +464,8 @@ class Controller:
             # the sandbox at once, so a halt goes to the processes inside only; a kill ends
             # the monitor too, and with it the sandbox's PID namespace.
             targets = descendants(self._child.pid)
-            if self._cgroup is not None:
-                targets |= self._cgroup.members()
+            if self._limits is not None:
+                targets |= self._limits.members()
             if signum == signal.SIGKILL:
                 self._child.send_signal(signum)
             targets -= {own_pid, self._child.pid}

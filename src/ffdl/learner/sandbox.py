@@ -2,7 +2,8 @@
 
 The controller stays outside and starts the chain built by ``sandbox_argv``::
 
-    sh (joins the learner's cgroups) → [nsenter --net=JOB_NETNS] → [prlimit --as]
+    sh (makes itself the kernel's first choice when the host runs out of memory, joins
+        the learner's cgroups) → [nsenter --net=JOB_NETNS]
       → bwrap (namespaces, a filesystem of read-only system paths plus the job's own
         directories, only the pinned GPU devices, dies with the controller)
       → setpriv (the job's unprivileged uid/gid, no capabilities, no new privileges)
@@ -55,6 +56,8 @@ NVIDIA_CONTROL_DEVICES = (
     "/dev/nvidia-modeset",
 )
 SANDBOX_USER = "ffdl"
+# The most a process can ask to be the OOM killer's choice (-1000..1000).
+OOM_SCORE_ADJ = 1000
 
 
 class SandboxError(Exception):
@@ -76,7 +79,10 @@ class SandboxSpec:
     gpu_devices: list[str] = field(default_factory=list)
     memory_bytes: int | None = None
     cpus: float | None = None
-    cgroup: str = ""  # the learner's cgroup name, relative to the controller's own
+    # The learner's cgroup name ("": no cgroup), made where ``ffdl.learner.cgroup_placement``
+    # finds room on the host, under ``cgroup_parent`` when the operator set one.
+    cgroup: str = ""
+    cgroup_parent: str = ""
     privileged: bool = True  # set up as root: setpriv to uid/gid, netns, cgroups
     # (host source, path inside) bound read-write: the learner's logs at $JOB_STATE_DIR/logs.
     binds: list[list[str]] = field(default_factory=list)
@@ -206,20 +212,18 @@ def sandbox_argv(
     bwrap = bwrap_path()
     if bwrap is None:
         raise SandboxError("bubblewrap (bwrap) is not installed")
-    argv: list[str] = []
-    if cgroup_procs:
-        # The shell joins the cgroups before it becomes bwrap, so that nothing of the
-        # sandbox ever runs outside them.
-        script = (
-            'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
-        )
-        argv += ["/bin/sh", "-c", script, "ffdl-sandbox", *cgroup_procs, "--"]
+    # The shell raises its OOM score (inherited by all the sandbox runs) so that a host short
+    # of memory ends a learner before the platform or anything else of the host, and joins
+    # the cgroups before it becomes bwrap, so that nothing of the sandbox runs outside them.
+    # No address-space limit, ever: see ``ffdl.learner.limits``.
+    script = (
+        f"echo {OOM_SCORE_ADJ} > /proc/self/oom_score_adj 2>/dev/null; "
+        'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+    )
+    argv: list[str] = ["/bin/sh", "-c", script, "ffdl-sandbox", *cgroup_procs, "--"]
     netns = spec.netns
     if netns is not None:
         argv += ["nsenter", f"--net={NETNS_DIR}/{netns}", "--"]
-    if spec.memory_bytes and not cgroup_procs:
-        # Without a memory cgroup an address-space limit is the only bound available.
-        argv += ["prlimit", f"--as={spec.memory_bytes}", "--"]
     argv += [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     argv += ["--unshare-cgroup-try", "--hostname", spec.hostname or "learner"]
     if spec.network != NETWORK_HOST and netns is None:

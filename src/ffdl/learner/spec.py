@@ -275,6 +275,7 @@ def _sandbox(raw: Any) -> SandboxSpec | None:
         memory_bytes=memory,
         cpus=float(cpus) if cpus is not None else None,
         cgroup=str(raw.get("cgroup") or ""),
+        cgroup_parent=str(raw.get("cgroup_parent") or ""),
         privileged=bool(raw.get("privileged", True)),
         binds=_pairs(raw.get("binds") or [], "sandbox.binds"),
         hostname=str(raw.get("hostname") or "learner"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -11,6 +12,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from ffdl.backends.local import NO_SANDBOX_WARNING
+from ffdl.learner.cgroup_placement import discover
 from ffdl.server.app import STARTUP_ERRORS, create_app
 from ffdl.server.pool.config import pool_policy
 from ffdl.server.pool.policy import Policy
@@ -29,6 +31,7 @@ def serve(
     ray_address: str | None = None,
     advertise_url: str | None = None,
     workers: str | None = None,
+    cgroup_parent: str | None = None,
 ) -> None:
     """Serve the platform until stopped: one process, or with ``workers`` ("MIN..MAX", or
     from the settings) an elastic pool of worker processes (``ffdl.server.pool``)."""
@@ -42,9 +45,11 @@ def serve(
             ray_address=ray_address,
             advertise_url=advertise_url,
             workers=workers,
+            cgroup_parent=cgroup_parent,
         )
         # Built here once to report a bad configuration before anything starts.
         settings.backend_config()
+        _check_cgroup_parent(settings)
         policy = pool_policy(settings)
     except ValidationError as exc:
         problems = "; ".join(
@@ -76,6 +81,14 @@ def serve(
         settings.api_url,
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+
+
+def _check_cgroup_parent(settings: Settings) -> None:
+    """A ``cgroup_parent`` this host cannot use stops the start, before anything is made
+    (CgroupParentError, a ValueError, names the path and what it lacks)."""
+    local = settings.backend == "local" and settings.sandbox and settings.learner_cgroups
+    if settings.cgroup_parent and local and os.geteuid() == 0:
+        discover(settings.cgroup_parent, create=False)
 
 
 def _serve_pool(settings: Settings, policy: Policy) -> None:

@@ -159,6 +159,13 @@ class Settings(BaseSettings):
     # drawn from [sandbox_uid_base, sandbox_uid_base + sandbox_uid_count). Off only on the
     # operator's explicit word (``ffdl up --no-sandbox``).
     sandbox: bool = True
+    # Learners' memory and CPU limits (as root): each learner gets a cgroup, under
+    # ``cgroup_parent`` when set (a cgroup v2 path such as ``/ffdl.slice``, relative to the
+    # cgroup mount or absolute; for v1, the same path in the memory and cpu hierarchies),
+    # else where ``ffdl.learner.cgroup_placement`` finds one. With ``learner_cgroups`` off,
+    # or where no cgroup can be had, each controller watches its learner's memory instead.
+    cgroup_parent: str | None = None
+    learner_cgroups: bool = True
     sandbox_uid_base: int = Field(default=200_000, ge=1000)
     sandbox_uid_count: int = Field(default=60_000, ge=1)
 
@@ -303,6 +310,8 @@ class Settings(BaseSettings):
                 for n in self.nodes
             ),
             cpu_slots=self.cpu_slots,
+            cgroup_parent=self.cgroup_parent or "",
+            learner_cgroups=self.learner_cgroups,
         )
 
     @classmethod

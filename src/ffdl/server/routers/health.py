@@ -20,12 +20,14 @@ def ffdl_version() -> str:
 
 @router.get("/health")
 def health(platform: PlatformDep) -> dict[str, object]:
-    """Liveness, the version, and whether learners run sandboxed (``--no-sandbox`` shows
-    ``false`` and a warning, so that no one mistakes an unconfined platform for a safe one)."""
+    """Liveness, the version, whether learners run sandboxed (``--no-sandbox`` shows
+    ``false`` and a warning, so that no one mistakes an unconfined platform for a safe one),
+    and what holds learners to their memory and CPUs on this replica's hosts."""
     body: dict[str, object] = {
         "status": "ok",
         "version": ffdl_version(),
         "sandbox": platform.settings.sandbox,
+        "learner_limits": platform.backend.learner_limits(),
     }
     if not platform.settings.sandbox:
         body["warning"] = "learners are not sandboxed (--no-sandbox)"

@@ -146,7 +146,8 @@ def learner_sandbox(
     ``runtime_paths``: what a built runtime environment needs instead of the platform's
     Python (whose packages it must not see); None runs on the platform's Python.
     """
-    if not platform.settings.sandbox:
+    settings = platform.settings
+    if not settings.sandbox:
         return None
     privileged = os.geteuid() == 0
     uid = job_uid(platform, job_id)
@@ -174,7 +175,8 @@ def learner_sandbox(
         gpu_devices=gpu_devices(gpu_ids),
         memory_bytes=memory_mb * MEBIBYTE if memory_mb > 0 else None,
         cpus=cpus if cpus > 0 else None,
-        cgroup=f"ffdl-{job_id}-l{learner}-a{attempt}",
+        cgroup=f"ffdl-{job_id}-l{learner}-a{attempt}" if settings.learner_cgroups else "",
+        cgroup_parent=settings.cgroup_parent or "",
         privileged=privileged,
     )
     place_learner(sandbox, job_id, learner, num_learners, dirs)
