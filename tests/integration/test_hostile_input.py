@@ -110,6 +110,24 @@ def test_a_manifest_repeating_a_key_is_refused_naming_it(server: LiveServer) -> 
     assert server.client.get("/v1/models").json()["total"] == 0
 
 
+def test_a_misspelled_manifest_key_is_refused_naming_the_field_meant(server: LiveServer) -> None:
+    manifest = manifest_yaml("true", gpus=0) + "lerners: 4\n"
+    body = assert_bad_request(server.submit(manifest), "lerners")
+    assert body["ffdl_code"] == "C101"
+    assert body["detail"] == {
+        "field": "lerners",
+        "reason": "is not a manifest field: did you mean learners?",
+    }
+    nested = manifest_yaml("true", gpus=0).replace("command:", "commnd:")
+    body = assert_bad_request(server.submit(nested), "framework.commnd")
+    assert body["detail"]["reason"] == "is not a manifest field: did you mean framework.command?"
+    assert server.client.get("/v1/models").json()["total"] == 0
+    # A key far from every field is still accepted, with a warning.
+    response = server.submit(manifest_yaml("true", gpus=0) + "team: vision\n")
+    assert response.status_code == 201, response.text
+    assert response.json()["warnings"] == ["unknown manifest field ignored: team"]
+
+
 def test_long_names_and_descriptions_are_refused(server: LiveServer) -> None:
     assert_bad_request(server.submit(manifest_yaml("true", name="n" * 201)), "name")
     response = server.submit(manifest_yaml("true", description="d" * 5000))

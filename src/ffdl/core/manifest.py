@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -44,6 +44,7 @@ from ffdl.core.manifest_fields import (
     text_field,
     typed_values,
 )
+from ffdl.core.manifest_keys import unknown_keys
 from ffdl.core.manifest_text import (
     MANIFEST_CODE,
     MAX_MANIFEST_BYTES,
@@ -98,9 +99,11 @@ _STORES_WITH_PATH = frozenset({"local", "mount_volume"})
 
 
 class _Section(BaseModel):
-    # FfDL manifests carry keys ffdl has no use for (e.g. ``event_types``); they are ignored
-    # inside sections and reported only at the top level.
+    # Keys no section knows are ignored here and reported as warnings (``manifest_keys``,
+    # which also refuses near misses of known keys). ``ignored_keys``: keys of FfDL's format
+    # that ffdl accepts without a use for them, and without a warning.
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    ignored_keys: ClassVar[tuple[str, ...]] = ()
 
 
 class Container(_Section):
@@ -232,6 +235,8 @@ _METRICS_DIR_VARIABLES = ("JOB_STATE_DIR", "LOG_DIR", "RESULT_DIR", "CHECKPOINT_
 
 class EvaluationMetrics(_Section):
     """Where a job's evaluation metrics come from (FfDL's ``evaluation_metrics``)."""
+
+    ignored_keys = ("event_types", "eventTypes")
 
     type: Annotated[
         str,
@@ -454,24 +459,22 @@ _FFDL_UNIT_FIELDS: dict[str, tuple[str, Callable[[Any, str], int | float]]] = {
 
 
 def _canonical_fields(document: Mapping[Any, Any]) -> dict[str, Any]:
-    """Maps a manifest's top-level keys to model fields, converting units, noting unknowns."""
+    """Maps a manifest's top-level keys to model fields, converting units, noting the keys
+    no section knows (at any depth) and refusing those that misspell one it does."""
     fields: dict[str, Any] = {}
-    unknown: list[str] = []
+    unknown = unknown_keys(document, Manifest)
     for key, value in document.items():
         if not isinstance(key, str):
-            unknown.append(str(key))
-        elif key in _FFDL_UNIT_FIELDS:
+            continue
+        if key in _FFDL_UNIT_FIELDS:
             canonical, parse = _FFDL_UNIT_FIELDS[key]
             if document.get(canonical) is not None:
                 raise ManifestError(key, f"give {key} or {canonical}, not both", code=code_for(key))
             if value is not None:
                 fields[canonical] = parse(value, key)
-        elif key in Manifest.model_fields:
+        elif key in Manifest.model_fields and value is not None:
             # ``key:`` with nothing after it means "not given", as in FfDL.
-            if value is not None:
-                fields[key] = value
-        else:
-            unknown.append(key)
+            fields[key] = value
     if unknown:
         given = fields.get("unknown_fields")
         fields["unknown_fields"] = [*given, *unknown] if isinstance(given, list) else unknown
