@@ -188,7 +188,15 @@ def main() -> int:
             model, optimizer, train_x, train_y, arguments.batch_size, epoch, device
         )
         print(f"epoch {epoch}/{arguments.epochs} loss {loss:.4f} accuracy {accuracy:.4f}")
-        report(step=epoch, group="train", loss=loss, accuracy=accuracy)
+        # The total lets the platform show the job's progress and time left.
+        report(
+            step=epoch,
+            epoch=epoch,
+            total_epochs=arguments.epochs,
+            group="train",
+            loss=loss,
+            accuracy=accuracy,
+        )
         save_checkpoint(checkpoint_state(model, optimizer, epoch), epoch)
         completed_epochs = checkpointed_epoch = epoch
 

@@ -378,7 +378,14 @@ def main() -> int:
                 f"accuracy {result.accuracy:.4f}",
                 flush=True,
             )
-            report(step=epoch, samples=progress.samples, loss=result.loss, accuracy=result.accuracy)
+            report(
+                step=epoch,
+                samples=progress.samples,
+                epoch=epoch,
+                total_epochs=arguments.epochs,
+                loss=result.loss,
+                accuracy=result.accuracy,
+            )
             save_checkpoint(checkpoint_state(model, optimizer, progress), epoch)
             progress.checkpointed_epoch = epoch
 

@@ -18,13 +18,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
-from ffdl.cli.init_template import DEFAULT_FRAMEWORK, DEFAULT_FRAMEWORK_VERSION
+from ffdl.cli.init_template import DEFAULT_FRAMEWORK, default_version
 from ffdl.cli.main import CliContext, app
 from ffdl.cli.records import since_millis
 from ffdl.cli.render import metric_data
 from ffdl.client.config import ClientConfig
 from ffdl.client.http import Client
 from ffdl.core.manifest import parse_manifest
+from ffdl.server.services.runtimes import platform_runtimes, resolve
 
 MODEL_ID = "training-habit0001"
 # What FfDL's own scripts do with `train` output: `grep "Model ID" | cut -d " " -f 3`.
@@ -202,13 +203,27 @@ def test_init_writes_a_manifest_this_platform_parses(tmp_path: Path) -> None:
     assert compiled.returncode == 0
 
 
-def test_init_defaults_to_the_original_framework(tmp_path: Path) -> None:
+def test_init_defaults_to_a_framework_and_version_this_platform_runs(tmp_path: Path) -> None:
     assert invoke(["init", "proj"]).exit_code == 0
     manifest = parse_manifest((tmp_path / "proj" / "manifest.yml").read_text())
-    assert (manifest.framework.name, manifest.framework.version) == (
-        DEFAULT_FRAMEWORK,
-        DEFAULT_FRAMEWORK_VERSION,
-    )
+    framework = manifest.framework
+    assert (framework.name, framework.version) == (DEFAULT_FRAMEWORK, default_version("pytorch"))
+    # The platform's own runtimes serve it exactly: no fallback, no warning.
+    resolution = resolve(list(platform_runtimes()), framework.name, framework.version)
+    assert resolution.warning is None
+    assert resolution.runtime.label == f"pytorch-{framework.version}"
+    # Its starter trains with the SDK and declares its total, so progress shows.
+    code = (tmp_path / "proj" / "train.py").read_text()
+    assert "total_epochs=EPOCHS" in code and "save_checkpoint(" in code
+
+
+def test_init_of_another_framework_writes_no_version_and_a_plain_starter(
+    tmp_path: Path,
+) -> None:
+    assert invoke(["init", "proj", "--type", "custom"]).exit_code == 0
+    manifest = parse_manifest((tmp_path / "proj" / "manifest.yml").read_text())
+    assert (manifest.framework.name, manifest.framework.version) == ("custom", "")
+    assert "import torch" not in (tmp_path / "proj" / "train.py").read_text()
 
 
 def test_init_quotes_odd_names(tmp_path: Path) -> None:

@@ -95,6 +95,10 @@ def test_full_run_reaches_95_percent_and_writes_every_output(job_dirs: dict[str,
         ("train", epoch) for epoch in range(1, 16)
     ]
     assert all(set(r["values"]) == {"loss", "accuracy"} for r in records[:15])
+    # Each epoch declares the total, so the platform can show progress and time left.
+    assert [(r["epoch"], r["total_epochs"]) for r in records[:15]] == [
+        (epoch, 15) for epoch in range(1, 16)
+    ]
     assert records[15]["group"] == "test"
     assert records[15]["values"] == {"accuracy": summary["test_accuracy"]}
 

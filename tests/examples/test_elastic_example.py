@@ -188,6 +188,10 @@ def test_rescaled_run_trains_each_epoch_once_and_matches_an_uninterrupted_one(
         assert 64 <= int(line["batch"]) <= 128, line
         assert math.isclose(float(line["lr"]), BASE_LR * int(line["batch"]) / BASE_BATCH), line
 
+    # The example declares its total, so the platform shows how far it came.
+    progress = server.model(job_id)["progress"]
+    assert (progress["epoch"], progress["total_epochs"]) == (EPOCHS, EPOCHS), progress
+
     epoch_counts = Counter(trained_epochs(server, job_id))
     assert sorted(epoch_counts) == list(range(1, EPOCHS + 1))
     assert set(epoch_counts.values()) == {1}, epoch_counts

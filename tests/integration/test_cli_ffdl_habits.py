@@ -123,6 +123,30 @@ def test_init_train_download(server: LiveServer, tmp_path: Path) -> None:
         assert "train.py" in archive.namelist()
 
 
+def test_a_default_init_project_trains_here_as_written(server: LiveServer, tmp_path: Path) -> None:
+    created = ffdl(server, "init", "first", cwd=tmp_path)
+    assert created.returncode == 0, created.stderr
+    run = ffdl(
+        server, "train", "--follow", "first/manifest.yml", "first", cwd=tmp_path, merged=True
+    )
+    assert run.returncode == 0, run.stdout
+    # No warning: the framework and version init wrote have a runtime here.
+    assert "Warning" not in run.stdout, run.stdout
+    assert "epoch 20/20" in run.stdout and "model saved to" in run.stdout
+    model_id = model_id_of(run.stdout)
+    model = server.model(model_id)
+    runtime = model["framework"]["runtime"]
+    assert runtime == f"pytorch-{model['framework']['version']}"
+    shown = " ".join(ffdl(server, "show", model_id, cwd=tmp_path).stdout.split())
+    assert f"runs on {runtime}" in shown, shown
+    progress = model["progress"]
+    assert (progress["epoch"], progress["total_epochs"]) == (20, 20), progress
+    got = ffdl(server, "download", model_id, "--trainedmodel", cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    with zipfile.ZipFile(tmp_path / f"{model_id}-trainedmodel.zip") as archive:
+        assert "model.pt" in archive.namelist()
+
+
 def test_follow_commands_print_json_and_end_with_the_job(
     server: LiveServer, tmp_path: Path
 ) -> None:

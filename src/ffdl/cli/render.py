@@ -299,7 +299,9 @@ def model_panel(model: dict[str, Any]) -> Panel:
             f"exit code {_text(status_info.get('exit_code'))}",
         )
     framework = model.get("framework") or {}
-    fact("Framework", f"{_text(framework.get('name'))} {_text(framework.get('version'), '')}")
+    asked = f"{_text(framework.get('name'))} {_text(framework.get('version'), '')}".strip()
+    runtime = framework.get("runtime")
+    fact("Framework", f"{asked}, runs on {runtime}" if runtime else asked)
     fact(
         "Resources",
         f"{_text(training.get('learners'))} learner(s) {TIMES} {_text(training.get('gpus'))} GPU, "
