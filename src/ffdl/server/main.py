@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from ffdl.backends.local import NO_SANDBOX_WARNING
 from ffdl.learner.cgroup_placement import discover
+from ffdl.server.announce import announce
 from ffdl.server.app import STARTUP_ERRORS, create_app
 from ffdl.server.pool.config import pool_policy
 from ffdl.server.pool.policy import Policy
@@ -74,12 +75,7 @@ def serve(
         app = create_app(settings)
     except STARTUP_ERRORS as exc:
         raise SystemExit(f"ffdl: {exc}") from None
-    log.info(
-        "ffdl is up at %s (home %s); API docs at %s/docs",
-        settings.api_url,
-        settings.home,
-        settings.api_url,
-    )
+    announce(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
 
 

@@ -34,6 +34,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication  # type: ignore[import-untyped]
 from gunicorn.errors import AppImportError  # type: ignore[import-untyped]
 
+from ffdl.server.announce import announce
 from ffdl.server.pool.counters import LoadMiddleware, Publisher, WorkerCounters
 from ffdl.server.pool.files import STATE_FILE, clear, remove, run_dir, worker_file, write_json
 from ffdl.server.pool.policy import Change, Policy, PoolState, decide
@@ -254,16 +255,8 @@ class PoolApplication(BaseApplication):  # type: ignore[misc]
         p, url = self.policy, self.settings.api_url
         kind = "an elastic pool of" if p.elastic else "a fixed pool of"
         size = f"{p.minimum}..{p.maximum}" if p.elastic else f"{p.minimum}"
-        log.info(
-            "ffdl is up at %s (home %s) with %s %s workers; API docs at %s/docs; the pool "
-            "at %s/v1/cluster/pool",
-            url,
-            self.settings.home,
-            kind,
-            size,
-            url,
-            url,
-        )
+        log.info("API served by %s %s workers; the pool at %s/v1/cluster/pool", kind, size, url)
+        announce(self.settings)
 
     def _child_exit(self, _arbiter: Any, worker: Any) -> None:
         remove(worker_file(self.directory, int(worker.pid)))
