@@ -217,3 +217,41 @@ def test_follow_commands_print_json_and_end_with_the_job(
     assert len(page.stdout.splitlines()) == 2
     rindex, millis, _ = page.stdout.splitlines()[0].split(" ", 2)
     assert int(rindex) == rindexes[0] and int(millis) > 0
+
+
+def test_loglines_and_emetrics_print_every_record_unless_a_page_is_asked_for(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    records = 25
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(
+        "import json, os, pathlib\n"
+        "metrics = pathlib.Path(os.environ['LOG_DIR']) / 'emetrics.jsonl'\n"
+        f"for step in range(1, {records + 1}):\n"
+        "    print(f'line {step}', flush=True)\n"
+        "    with metrics.open('a') as out:\n"
+        "        out.write(json.dumps({'iteration': step, 'loss': 1 / step}) + '\\n')\n"
+    )
+    manifest = tmp_path / "manifest.yml"
+    manifest.write_text(
+        manifest_yaml("python train.py", name="pages", evaluation_metrics={"type": "emetrics"})
+    )
+    model_id = model_id_of(ffdl(server, "train", str(manifest), str(code), cwd=tmp_path).stdout)
+    server.wait_status(model_id, {"COMPLETED"}, timeout=120)
+
+    lines = ffdl(server, "loglines", model_id, cwd=tmp_path)
+    assert lines.returncode == 0 and lines.stderr == "", lines.stderr
+    printed = [line.split(" ", 2)[-1] for line in lines.stdout.splitlines()]
+    assert [p for p in printed if p.startswith("line ")] == [
+        f"line {step}" for step in range(1, records + 1)
+    ]
+    metrics = ffdl(server, "emetrics", model_id, "--json", cwd=tmp_path)
+    assert metrics.returncode == 0, metrics.stderr
+    assert len(metrics.stdout.splitlines()) == records
+
+    page = ffdl(server, "emetrics", model_id, "--json", "--pagesize", "10", cwd=tmp_path)
+    assert len(page.stdout.splitlines()) == 10
+    assert "one page of 10 records; the next: --pos 10" in page.stderr
+    last = ffdl(server, "emetrics", model_id, "--json", "--pos", "20", cwd=tmp_path)
+    assert len(last.stdout.splitlines()) == 5 and last.stderr == ""

@@ -5,8 +5,11 @@ three lines per metrics record, ``Timestamp: ... Type: ... Iteration: ...`` for
 ``logs --metrics``); with ``--json`` each record is one line of compact JSON in FfDL's shapes
 (``loglines``/``emetrics``: the API's items; ``logs --metrics``: FfDL's ``MetricData``).
 
-``--follow`` prints what is recorded, then the job's event stream until the job ends (FfDL's
-CLI polled forever; a script here gets its prompt back when the job stops).
+Without ``--pagesize`` or ``--pos`` every record prints, page after page (FfDL's CLI
+printed the server's first page of 10); with either, one page prints, and when it is full a
+note on stderr says how to get the next. ``--follow`` prints what is recorded, then the
+job's event stream until the job ends (FfDL's CLI polled forever; a script here gets its
+prompt back when the job stops).
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from ffdl.cli.render import (
 from ffdl.client.http import Client
 
 LOG_PAGE_SIZE = 500
+# The server's page when a request names none (FfDL's), and the largest it gives.
+SERVER_PAGE_SIZE = 10
+SERVER_MAX_PAGE = 10_000
 # Asking the event stream for log lines after the largest row id means "no log lines": the
 # metric commands follow only the ``emetric`` events.
 NO_LOG_LINES = 2**63 - 1
@@ -50,7 +56,8 @@ Since = Annotated[
     ),
 ]
 PageSize = Annotated[
-    int | None, typer.Option("--pagesize", help="Records to print (default: the server's).")
+    int | None,
+    typer.Option("--pagesize", help="Print one page of this many records (default: all)."),
 ]
 Pos = Annotated[
     int | None,
@@ -116,9 +123,9 @@ def _print_records(
     pos: int | None,
     follow: bool,
 ) -> None:
-    """One page of records (as the API pages them), then, with ``follow``, the stream."""
+    """Every record (or the one page asked for), then, with ``follow``, the stream."""
     last: int | None = None
-    for record in fetch(model_id, since_time=since, pagesize=pagesize, pos=pos):
+    for record in _recorded(fetch, model_id, since=since, pagesize=pagesize, pos=pos):
         emit(record)
         rindex = record_rindex(record)
         if rindex is not None:
@@ -127,6 +134,49 @@ def _print_records(
         return
     for record in _streamed(client, model_id, kind, after=last, since=since_millis(since)):
         emit(record)
+
+
+def _recorded(
+    fetch: Fetch, model_id: str, *, since: str | None, pagesize: int | None, pos: int | None
+) -> Iterator[dict[str, Any]]:
+    """The records asked for: one page with ``pagesize`` or ``pos``, else all of them."""
+    if pagesize is not None or pos is not None:
+        page = fetch(model_id, since_time=since, pagesize=pagesize, pos=pos)
+        yield from page
+        size = SERVER_PAGE_SIZE if pagesize is None else pagesize
+        if page and len(page) >= size:
+            start = pos or 0
+            more = (
+                f"the next: --pos {start + len(page)}"
+                if start >= 0
+                else f"the one before: --pos {start - len(page)}"
+            )
+            err_console.print(
+                f"(one page of {len(page)} records; {more}; all of them: leave out "
+                "--pagesize and --pos)",
+                soft_wrap=True,
+            )
+        return
+    back = _records_back(since)
+    if back is not None:
+        # "-N": the last N records, which the server counts from the end at each request.
+        yield from fetch(model_id, since_time=since, pagesize=min(back, SERVER_MAX_PAGE))
+        return
+    offset = 0
+    while True:
+        page = fetch(model_id, since_time=since, pagesize=LOG_PAGE_SIZE, pos=offset)
+        yield from page
+        if len(page) < LOG_PAGE_SIZE:
+            return
+        offset += len(page)
+
+
+def _records_back(since: str | None) -> int | None:
+    """N for ``--since -N`` (the last N records), else None."""
+    text = (since or "").strip()
+    if text.startswith("-") and text[1:].isdigit():
+        return max(int(text[1:]), 1)
+    return None
 
 
 def loglines_command(

@@ -141,7 +141,9 @@ class Controller:
         self._stop_detail = ""
         self._wake = threading.Event()
         self._child: subprocess.Popen[bytes] | None = None
+        # The last lines of output, and of stderr alone: a failure's reason ends on its error.
         self._last_lines: deque[str] = deque(maxlen=LAST_LINES)
+        self._last_errors: deque[str] = deque(maxlen=LAST_LINES)
         self._training_log = TrainingLog(learner_log_dir(spec), self._ffdl_log)
         self._output_record = OutputRecord(str(self.state_dir / OUTPUT_RECORD), self._ffdl_log)
         # Taken for each output line; once closed, lines that still trickle in (from a
@@ -444,7 +446,7 @@ class Controller:
                     f"(the manifest's memory) and was killed"
                 ),
             )
-        tail = " | ".join(self._last_lines) or "(no output)"
+        tail = " | ".join(self._last_errors or self._last_lines) or "(no output)"
         if len(tail) > REASON_TAIL_CHARS:
             tail = "..." + tail[-(REASON_TAIL_CHARS - 3) :]
         return LearnerResult(
@@ -509,6 +511,8 @@ class Controller:
             self._training_log.write(text)
             if text.strip():
                 self._last_lines.append(text.strip())
+                if stream == "stderr":
+                    self._last_errors.append(text.strip())
             matched = self._metric_sources.feed(text) if self._metric_sources else []
             for metric in matched:
                 self.reporter.emetric(metric.group, metric.iteration, metric.values)

@@ -1,9 +1,12 @@
 """The learner command's output: its pipes read line by line, and the training log.
 
-``OutputReaders`` reads stdout and stderr on a thread each and hands every line, decoded, to
-the controller; before taking a line it asks for room in the report queue, so when the
-queue can take no more (see ``reporter``) the reader stops reading and the command blocks
-on its pipe: back-pressure instead of memory. ``TrainingLog`` mirrors the lines to
+``OutputReaders`` reads stdout and stderr on one thread, whichever has output first, and
+hands every line, decoded, to the controller in the order the lines arrived, so a line the
+job printed before its traceback comes before it. (Two pipes carry no order between them:
+when both hold output at once, stdout's is taken first, which is right for the common case
+of progress followed by an error.) Before each read it asks for room in the report queue,
+so when the queue can take no more (see ``reporter``) it stops reading and the command
+blocks on its pipe: back-pressure instead of memory. ``TrainingLog`` mirrors the lines to
 ``$LOG_DIR/training-log.txt``, which is stored with the results. ``OutputRecord`` writes
 each line, as it is handed to the reporter, to a record in the controller's state directory:
 a controller killed with lines still undelivered leaves them there for the platform to
@@ -15,6 +18,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import selectors
 import threading
 import time
 from collections.abc import Callable
@@ -34,8 +38,38 @@ MIRROR_FLUSH_S = 0.5
 LineHandler = Callable[[str, str], None]
 
 
+class _Stream:
+    """One pipe's bytes, cut into decoded lines (at most ``LINE_LIMIT_BYTES`` each)."""
+
+    def __init__(self, pipe: IO[bytes], name: str) -> None:
+        self.pipe = pipe
+        self.name = name
+        self.fd = pipe.fileno()
+        self._pending = b""
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def lines(self, chunk: bytes) -> list[str]:
+        """The whole lines ``chunk`` completes; at the end (``b""``), whatever is left."""
+        if not chunk:
+            rest = self._pending
+            self._pending = b""
+            text = self._decoder.decode(rest, final=True)
+            return [text] if text else []
+        self._pending += chunk
+        found: list[str] = []
+        while True:
+            end = self._pending.find(b"\n", 0, LINE_LIMIT_BYTES)
+            if end < 0 and len(self._pending) < LINE_LIMIT_BYTES:
+                return found
+            cut = end + 1 if end >= 0 else LINE_LIMIT_BYTES
+            piece, self._pending = self._pending[:cut], self._pending[cut:]
+            text = self._decoder.decode(piece, final=end >= 0)
+            found.append(text[:-1].removesuffix("\r") if end >= 0 else text)
+
+
 class OutputReaders:
-    """A reader thread per pipe; ``on_line(stream, text)`` gets each line in pipe order."""
+    """One reader thread for all the pipes; ``on_line(stream, text)`` gets every line in the
+    order the lines arrived."""
 
     def __init__(
         self,
@@ -46,43 +80,44 @@ class OutputReaders:
         self._on_line = on_line
         self._wait_for_room = wait_for_room
         self._last_line_at = time.monotonic()
-        self._threads = [
-            threading.Thread(target=self._read, args=(pipe, name), daemon=True, name=name)
-            for pipe, name in pipes
-        ]
+        self._streams = [_Stream(pipe, name) for pipe, name in pipes]
+        self._thread = threading.Thread(target=self._read, daemon=True, name="output")
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        self._thread.start()
 
     def join(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        self._thread.join(max(0.0, timeout_s))
 
     def alive(self) -> bool:
-        return any(thread.is_alive() for thread in self._threads)
+        return self._thread.is_alive()
 
     def idle_s(self) -> float:
         """Seconds since a line was last read."""
         return time.monotonic() - self._last_line_at
 
-    def _read(self, pipe: IO[bytes], stream: str) -> None:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        with pipe:
-            while True:
+    def _read(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            for each in self._streams:
+                selector.register(each.fd, selectors.EVENT_READ, each)
+            order = {each.fd: index for index, each in enumerate(self._streams)}
+            while selector.get_map():
                 self._wait_for_room()
-                chunk = pipe.readline(LINE_LIMIT_BYTES)
-                if not chunk:
-                    break
-                self._last_line_at = time.monotonic()
-                line_ended = chunk.endswith(b"\n")
-                text = decoder.decode(chunk, final=line_ended)
-                if line_ended:
-                    text = text[:-1].removesuffix("\r")
-                self._on_line(stream, text)
-            if rest := decoder.decode(b"", final=True):
-                self._on_line(stream, rest)
+                ready = sorted(selector.select(), key=lambda event: order[event[0].fd])
+                for key, _events in ready:
+                    stream: _Stream = key.data
+                    chunk = os.read(stream.fd, LINE_LIMIT_BYTES)
+                    if not chunk:
+                        selector.unregister(stream.fd)
+                        stream.pipe.close()
+                    self._deliver(stream, chunk)
+
+    def _deliver(self, stream: _Stream, chunk: bytes) -> None:
+        lines = stream.lines(chunk)
+        if lines:
+            self._last_line_at = time.monotonic()
+        for text in lines:
+            self._on_line(stream.name, text)
 
 
 class TrainingLog:
