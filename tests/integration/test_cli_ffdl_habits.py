@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import zipfile
@@ -255,3 +256,53 @@ def test_loglines_and_emetrics_print_every_record_unless_a_page_is_asked_for(
     assert "one page of 10 records; the next: --pos 10" in page.stderr
     last = ffdl(server, "emetrics", model_id, "--json", "--pos", "20", cwd=tmp_path)
     assert len(last.stdout.splitlines()) == 5 and last.stderr == ""
+
+
+def test_train_follow_shows_each_status_once_before_its_output_and_one_outcome(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('starting', flush=True)\nprint('done', flush=True)\n")
+    manifest = tmp_path / "manifest.yml"
+    manifest.write_text(manifest_yaml("python train.py", name="follow-order", gpus=0))
+    run = ffdl(server, "train", "--follow", str(manifest), str(code), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    statuses = [line.split()[2] for line in lines if line.startswith("── status ")]
+    assert statuses == ["QUEUED", "PENDING", "DOWNLOADING", "PROCESSING", "STORING", "COMPLETED"], (
+        lines
+    )
+    assert lines.index("starting") > next(
+        i for i, line in enumerate(lines) if line.startswith("── status PROCESSING")
+    ), lines
+    assert lines[-1].startswith("── status COMPLETED"), lines
+    assert sum("COMPLETED" in line for line in lines) == 1, lines
+
+
+def test_ctrl_c_stops_following_and_says_the_job_goes_on(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    job_id = server.submit_ok(
+        manifest_yaml("python -c \"import time; print('up', flush=True); time.sleep(60)\"", gpus=0)
+    )
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "ffdl.cli.main", "logs", job_id, "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(server),
+        cwd=tmp_path,
+    )
+    assert follower.stdout is not None
+    # The platform's own lines come first; the command's line says it runs.
+    while (line := follower.stdout.readline()) and line.strip() != "up":
+        assert line.startswith("[ffdl]"), line
+    follower.send_signal(signal.SIGINT)
+    _out, err = follower.communicate(timeout=30)
+    assert follower.returncode == 130
+    assert err.strip().splitlines()[-1] == (
+        f"stopped following; {job_id} is still running; ffdl logs {job_id} -f to follow again"
+    )
+    assert server.status(job_id) == "PROCESSING"
+    assert server.client.delete(f"/v1/models/{job_id}").status_code == 200

@@ -35,7 +35,7 @@ from ffdl.cli.db import db_app
 from ffdl.cli.demo import demo_command
 from ffdl.cli.init_template import init_command
 from ffdl.cli.records import emetrics_command, follow_lines, loglines_command, logs_command
-from ffdl.cli.render import error_text, model_panel, models_table, status_change_text
+from ffdl.cli.render import error_text, model_panel, models_table
 from ffdl.cli.simulate import simulate_command
 from ffdl.cli.tokens import audit_command, token_app
 from ffdl.cli.top import top_command
@@ -251,7 +251,6 @@ def train(
         if not follow:
             return
         final = follow_lines(client, model_id, on_status=True)
-    console.print(status_change_text({"status": final, "reason": "job ended"}), soft_wrap=True)
     if final == "FAILED":
         raise typer.Exit(1)
 

@@ -240,15 +240,38 @@ def emetrics_command(
 
 
 def follow_lines(client: Client, model_id: str, *, on_status: bool) -> str:
-    """Print the job's log lines (and, with ``on_status``, its status changes) until it ends;
-    its final status."""
-    for event in client.follow(model_id):
-        if event.kind == "log":
-            typer.echo(str(event.data.get("line", "")))
-        elif event.kind == "status" and on_status:
-            console.print(status_change_text(event.data), soft_wrap=True)
-        elif event.kind == "end":
-            return str(event.data.get("status") or "UNKNOWN")
+    """Print the job's log lines until it ends, with ``on_status`` each status change before
+    the output that follows it (on stdout), and one final line with the outcome (on stdout
+    with ``on_status``, else stderr); the final status.
+
+    Ctrl-C stops following, not the job: it says so and how to follow again (exit 130).
+    """
+    last: dict[str, Any] = {}
+    last_shown = False
+    try:
+        for event in client.follow(model_id):
+            if event.kind == "log":
+                typer.echo(str(event.data.get("line", "")))
+                last_shown = False
+            elif event.kind == "status":
+                last = dict(event.data)
+                if on_status:
+                    console.print(status_change_text(last), soft_wrap=True)
+                last_shown = on_status
+            elif event.kind == "end":
+                final = str(event.data.get("status") or "UNKNOWN")
+                if not (last_shown and last.get("status") == final):
+                    reason = last.get("reason") if last.get("status") == final else None
+                    outcome = status_change_text({"status": final, "reason": reason})
+                    (console if on_status else err_console).print(outcome, soft_wrap=True)
+                return final
+    except KeyboardInterrupt:
+        err_console.print(
+            f"stopped following; {model_id} is still running; "
+            f"ffdl logs {model_id} -f to follow again",
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
     return "UNKNOWN"
 
 
@@ -295,8 +318,7 @@ def logs_command(
             _print_metrics(client, model_id, follow=follow, as_json=as_json)
             return
         if follow:
-            final = follow_lines(client, model_id, on_status=False)
-            err_console.print(status_change_text({"status": final}), soft_wrap=True)
+            follow_lines(client, model_id, on_status=False)
             return
         for item in _all_pages(client.loglines, model_id):
             typer.echo(log_text(item).plain)

@@ -19,6 +19,7 @@ from ffdl.server.routers.responses import AUTHENTICATED, errors, event_stream
 from ffdl.server.services.follow import Batch, Cursor, follow
 from ffdl.server.services.logs import log_item, metric_item
 from ffdl.server.services.queries import iso, load_job
+from ffdl.server.store.models import Event, LogLine, Metric
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=AUTHENTICATED)
 
@@ -31,12 +32,18 @@ def _frame(kind: str, data: dict[str, Any]) -> str:
 
 def _frames(batch: Batch) -> list[str]:
     frames = []
-    if batch.job is not None:
-        frames += [_frame("log", log_item(batch.job, line)) for line in batch.lines]
-        frames += [_frame("emetric", metric_item(batch.job, row)) for row in batch.metrics]
-    for event in batch.events:
-        status = {"status": event.to_status, "reason": event.reason, "time": iso(event.created_at)}
-        frames.append(_frame("status", status))
+    for kind, record in batch.in_order():
+        if isinstance(record, Event):
+            status = {
+                "status": record.to_status,
+                "reason": record.reason,
+                "time": iso(record.created_at),
+            }
+            frames.append(_frame("status", status))
+        elif batch.job is not None and isinstance(record, LogLine):
+            frames.append(_frame(kind, log_item(batch.job, record)))
+        elif batch.job is not None and isinstance(record, Metric):
+            frames.append(_frame(kind, metric_item(batch.job, record)))
     return frames
 
 

@@ -21,6 +21,12 @@ from ffdl.server.store.models import Event, Job, LogLine, Metric
 
 POLL_S = 0.2
 BATCH = 500
+# The statuses on a job's way to running its command, and the stream of the lines the
+# platform itself writes into a job's log (``[ffdl] ...``).
+_OPENING = frozenset(
+    status.value for status in (JobStatus.QUEUED, JobStatus.PENDING, JobStatus.DOWNLOADING)
+)
+PLATFORM_STREAM = "ffdl"
 
 
 @dataclass
@@ -46,6 +52,32 @@ class Batch:
     @property
     def empty(self) -> bool:
         return not (self.lines or self.metrics or self.events)
+
+    def in_order(self) -> list[tuple[str, LogLine | Metric | Event]]:
+        """The batch's records as a reader should see them: ``("status", event)``,
+        ``("log", line)`` and ``("emetric", metric)``.
+
+        Status events and output live in separate tables, and a job's status event is
+        recorded when the platform folds its learners' reports, after the lines that came
+        with them. So each status goes where the job's life puts it: the way in (up to
+        DOWNLOADING) before the batch's lines, PROCESSING just before the first line the
+        command printed (after the platform's own lines about staging), and the way out
+        (STORING, the ends, halts, rescales) after the batch's lines and metrics.
+        """
+        opening = [e for e in self.events if e.to_status in _OPENING]
+        processing = [e for e in self.events if e.to_status == JobStatus.PROCESSING.value]
+        closing = [e for e in self.events if e not in opening and e not in processing]
+        first_output = next(
+            (i for i, line in enumerate(self.lines) if line.stream != PLATFORM_STREAM),
+            len(self.lines),
+        )
+        ordered: list[tuple[str, LogLine | Metric | Event]] = [("status", e) for e in opening]
+        ordered += [("log", line) for line in self.lines[:first_output]]
+        ordered += [("status", e) for e in processing]
+        ordered += [("log", line) for line in self.lines[first_output:]]
+        ordered += [("emetric", metric) for metric in self.metrics]
+        ordered += [("status", e) for e in closing]
+        return ordered
 
 
 @dataclass(frozen=True)
