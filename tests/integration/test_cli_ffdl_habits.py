@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, serving
+from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, serving, wait_for
 
 # FfDL's Makefile: `grep "Model ID" | cut -d " " -f 3`; the same as a regex.
 MODEL_ID_LINE = re.compile(r"^Model ID: (training-[a-z0-9]+)$", re.MULTILINE)
@@ -305,4 +305,37 @@ def test_ctrl_c_stops_following_and_says_the_job_goes_on(
         f"stopped following; {job_id} is still running; ffdl logs {job_id} -f to follow again"
     )
     assert server.status(job_id) == "PROCESSING"
+    assert server.client.delete(f"/v1/models/{job_id}").status_code == 200
+
+
+def test_draining_the_only_node_says_its_jobs_wait_and_their_reason_names_the_drain(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    job_id = server.submit_ok(
+        manifest_yaml('python -c "import time; time.sleep(120)"', gpus=1, cpus=1)
+    )
+    server.wait_status(job_id, {"PROCESSING"}, timeout=60)
+    drained = ffdl(server, "drain", "node-a", "--reason", "kernel upgrade", cwd=tmp_path)
+    try:
+        assert drained.returncode == 0, drained.stderr
+        assert drained.stdout.strip() == (
+            "Draining node-a: no other node is in service, so its 1 job halts with a "
+            "checkpoint and waits in the queue until it returns; `ffdl undrain node-a` to "
+            "return it"
+        )
+
+        def waiting_reason() -> str:
+            return str((server.model(job_id).get("queue") or {}).get("reason") or "")
+
+        # Halted and back in the queue, where the scheduler says why it waits.
+        reason = wait_for(
+            lambda: (r := waiting_reason()).startswith("node node-a is drained; ") and r,
+            timeout=60,
+            what="the drain as the queued job's reason",
+        )
+        assert server.status(job_id) == "QUEUED"
+        assert "needs 1 CPU slot" in reason or "needs 1 GPU" in reason, reason
+    finally:
+        assert ffdl(server, "undrain", "node-a", cwd=tmp_path).returncode == 0
+    server.wait_status(job_id, {"PROCESSING"}, timeout=60)
     assert server.client.delete(f"/v1/models/{job_id}").status_code == 200

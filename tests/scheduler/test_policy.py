@@ -154,7 +154,12 @@ def test_unschedulable_nodes_take_no_new_work() -> None:
     nodes = (node("cordoned", schedulable=False), node("ok", gpus=1))
     decisions = schedule(Snapshot(NOW, nodes, (queued("x", gpus=2),)))
     assert started(decisions) == []
-    assert decisions.waiting[0].reason.startswith("needs 2 GPUs")
+    # The drain is why it waits: the reason says so first.
+    assert decisions.waiting[0].reason.startswith("node cordoned is drained; needs 2 GPUs")
+    # A drained node too small for the job is not why it waits, and goes unnamed.
+    too_big = queued("y", gpus=16)
+    reason = schedule(Snapshot(NOW, nodes, (too_big,))).waiting[0].reason
+    assert "drained" not in reason and reason.startswith("needs 16 GPUs"), reason
 
 
 def test_higher_priority_first_then_fifo_then_id() -> None:

@@ -58,8 +58,30 @@ def drain_command(
 ) -> None:
     """Take a node out of service: no new work, its jobs are moved or shrunk, not killed."""
     with client_of(ctx) as client:
-        client.drain(node, reason)
-    typer.echo(f"Draining {node}: its jobs move elsewhere; `ffdl undrain {node}` to return it")
+        result = client.drain(node, reason)
+    typer.echo(drain_message(node, result))
+
+
+def drain_message(node: str, result: dict[str, Any]) -> str:
+    """What a drain does to the work on ``node``, as the server counted it."""
+    jobs, others = int(result.get("jobs") or 0), int(result.get("nodes_in_service") or 0)
+    back = f"`ffdl undrain {node}` to return it"
+    if jobs == 0:
+        return f"Drained {node}: no job runs there, and it takes no new work; {back}"
+    some = f"its {jobs} job{'s' if jobs > 1 else ''}"
+    if others == 0:
+        verbs = (
+            "halts with a checkpoint and waits" if jobs == 1 else "halt with a checkpoint and wait"
+        )
+        return (
+            f"Draining {node}: no other node is in service, so {some} {verbs} in the queue "
+            f"until it returns; {back}"
+        )
+    return (
+        f"Draining {node}: {some} move to the {others} other node"
+        f"{'s' if others > 1 else ''} in service or shrink, and wait in the queue where "
+        f"no node has room; {back}"
+    )
 
 
 def undrain_command(

@@ -188,6 +188,9 @@ class CapacityView:
     def __init__(self, free: dict[str, NodeFree]) -> None:
         self.free = free
         schedulable = [f for f in free.values() if f.node.schedulable]
+        # Nodes out of service (drained): they take nothing, but a queued job's reason names
+        # them when they could hold it.
+        self.drained = [f.node for f in free.values() if not f.node.schedulable]
         self._max_gpus = max((f.node.gpus for f in schedulable), default=0)
         self.all = Pool(self._max_gpus)
         self.all.add_all(schedulable)

@@ -19,6 +19,8 @@ from ffdl.scheduler.snapshot import QueuedJob
 
 # A job that has waited this long blocks backfill past it (see policy.schedule).
 DEFAULT_AGING_THRESHOLD_S = 3600.0
+# A reason names at most this many drained nodes.
+MAX_NAMED_NODES = 3
 
 
 def queue_key(job: QueuedJob) -> tuple[int, float, str]:
@@ -79,7 +81,28 @@ def gang(learners: int, what: str) -> str:
 
 
 def describe_shortfall(view: CapacityView, job: QueuedJob) -> str:
-    """Why the job does not fit what is free on ``view`` now, naming the numbers."""
+    """Why the job does not fit what is free on ``view`` now, naming the numbers, and first
+    the drained nodes that could otherwise hold its learners (a drain is why it waits)."""
+    reason = _shortfall(view, job)
+    per = job.per_learner
+    drained = [
+        node.name
+        for node in view.drained
+        if node.gpus >= per.gpus
+        and node.cpus + CPU_EPSILON >= per.cpus
+        and node.memory_mb >= per.memory_mb
+        and (job.gpu_type is None or node.gpu_type == job.gpu_type)
+    ]
+    if not drained:
+        return reason
+    named = ", ".join(drained[:MAX_NAMED_NODES])
+    if len(drained) > MAX_NAMED_NODES:
+        named += f" and {len(drained) - MAX_NAMED_NODES} more"
+    words = f"node {named} is drained" if len(drained) == 1 else f"nodes {named} are drained"
+    return f"{words}; {reason}"
+
+
+def _shortfall(view: CapacityView, job: QueuedJob) -> str:
     per, learners = job.per_learner, job.learners
     kind = f"{job.gpu_type} " if job.gpu_type else ""
     if job.same_label is not None:

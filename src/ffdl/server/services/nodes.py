@@ -11,18 +11,32 @@ from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from ffdl.backends.base import BackendUnavailable
 from ffdl.core.errors import BadRequest, NotFound
 from ffdl.core.resources import Node
+from ffdl.core.status import JobStatus
 from ffdl.server.auth import Principal
 from ffdl.server.platform import Platform
 from ffdl.server.services.admin import require_admin
-from ffdl.server.store.models import NodeState
+from ffdl.server.store.models import Job, Learner, NodeState
 from ffdl.server.store.transitions import utcnow
 
 # A drain reason is a short note for other operators, shown in every node listing.
 MAX_DRAIN_REASON = 200
+# The statuses in which a job holds its placement.
+_HOLDING = frozenset(
+    s.value
+    for s in (
+        JobStatus.PENDING,
+        JobStatus.DOWNLOADING,
+        JobStatus.PROCESSING,
+        JobStatus.STORING,
+        JobStatus.HALTING,
+        JobStatus.RESCALING,
+    )
+)
 
 
 def backend_nodes(platform: Platform) -> list[Node]:
@@ -61,5 +75,25 @@ def set_drained(
         state.drained = drained
         state.reason = reason if drained else ""
         state.changed_at = utcnow()
+        jobs = _jobs_on(session, name)
     platform.wakeups.notify("autoscaler", "scheduler")
-    return {"node": name, "drained": drained, "reason": reason if drained else ""}
+    in_service = [node for node in effective_nodes(platform) if node.schedulable]
+    return {
+        "node": name,
+        "drained": drained,
+        "reason": reason if drained else "",
+        # What a drain does to the work there: the jobs it moves, shrinks or halts, and the
+        # nodes still in service that could take them.
+        "jobs": len(jobs),
+        "nodes_in_service": len(in_service),
+    }
+
+
+def _jobs_on(session: Session, name: str) -> set[str]:
+    """The live jobs with a learner placed on node ``name``."""
+    rows = session.execute(
+        select(Learner.job_id, Job.status)
+        .join(Job, Job.id == Learner.job_id)
+        .where(Learner.node == name, Learner.attempt == Job.attempt)
+    )
+    return {job_id for job_id, status in rows if status in _HOLDING}
