@@ -99,6 +99,7 @@ class FakeApi:
         self.final_status = "COMPLETED"
         self.log_count = 3
         self.models = [MODEL]
+        self.node_type = "v100"
 
     def factory(self, config: ClientConfig) -> Client:
         self.configs.append(config)
@@ -137,6 +138,10 @@ class FakeApi:
             )
         if path == model_path:
             return httpx.Response(200, json=MODEL)
+        if path == "/v1/nodes":
+            return httpx.Response(
+                200, json={"nodes": [{"name": "node-a", "gpu_type": self.node_type}]}
+            )
         if path == f"/v1/logs/{MODEL_ID}/loglines":
             start, size = int(params.get("pos", 0)), int(params.get("pagesize", 100))
             rindexes = range(start + 1, min(start + size, self.log_count) + 1)
@@ -277,13 +282,19 @@ def test_show_panel_explains_the_job(api: FakeApi) -> None:
         "QUEUED",
         "waiting for 2 free GPUs",
         "position 3, ETA 2024-05-01 10:30:00, cluster full",
-        "learner 1 → node-a GPUs 3",
+        "learner 1 → node-a GPU 3",
         "submitted",
         "/data/results/abc12345",
         f"ffdl download {MODEL_ID} --trained-model",
     ):
         assert fact in result.stdout
     assert "exit code" not in result.stdout
+
+
+def test_show_says_cpu_slots_where_the_host_has_no_gpus(api: FakeApi) -> None:
+    api.node_type = "cpu"
+    shown = invoke(["show", MODEL_ID], api).stdout
+    assert "learner 1 → node-a CPU slot 3" in shown and "× 1 CPU slot" in shown, shown
 
 
 def test_show_json_is_the_model(api: FakeApi) -> None:

@@ -130,7 +130,9 @@ def test_job_is_followed_and_halted_from_the_dashboard(
         timeout=10,
         what="node-a to list the running job as a holder",
     )
-    assert "1/4" in text_of(browser, '#nodes tbody tr[data-name="node-a"]')
+    # node-a is a host without GPUs (gpu_type cpu): its slots say so.
+    node_row = text_of(browser, '#nodes tbody tr[data-name="node-a"]')
+    assert "1/4 CPU slots" in node_row and f"{running} #1 CPU slot 0" in node_row, node_row
 
     row.click()
     wait_for(

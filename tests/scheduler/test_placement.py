@@ -113,6 +113,14 @@ def test_never_fits_reasons() -> None:
         "the largest rack has 4 GPUs"
     )
     assert never_fits(job(1, 1, same_label="zone"), nodes) == "no node has a zone label"
+
+
+def test_hosts_without_gpus_are_said_to_offer_cpu_slots() -> None:
+    nodes = (Node("a", 4, 32.0, 65536, "cpu"), Node("b", 4, 32.0, 65536, "cpu"))
+    assert never_fits(job(1, 8), nodes) == (
+        "needs 8 CPU slots per learner but the largest node has 4"
+    )
+    assert never_fits(job(4, 4), nodes) == "needs 16 CPU slots in total but the cluster has 8"
     assert never_fits(job(0, 1), nodes) == "needs at least one learner"
 
 

@@ -150,6 +150,15 @@ def test_gpu_type_is_respected() -> None:
     assert schedule(Snapshot(NOW, nodes, (job,))).starts[0].placement.nodes == ("v",)
 
 
+def test_waiting_on_hosts_without_gpus_names_cpu_slots() -> None:
+    nodes = (node("a", gpus=2, gpu_type="cpu"), node("b", gpus=2, gpu_type="cpu"))
+    busy = (running("r", [("a", (0,)), ("b", (0,))]),)
+    decisions = schedule(Snapshot(NOW, nodes, (queued("x", gpus=2),), busy))
+    assert decisions.waiting[0].reason.startswith(
+        "needs 2 CPU slots on one node; largest free block is 1"
+    ), decisions.waiting
+
+
 def test_unschedulable_nodes_take_no_new_work() -> None:
     nodes = (node("cordoned", schedulable=False), node("ok", gpus=1))
     decisions = schedule(Snapshot(NOW, nodes, (queued("x", gpus=2),)))

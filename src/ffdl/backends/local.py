@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ffdl.backends.base import BackendConfigError, Handle, LaunchRequest, LearnerState, PollResult
 from ffdl.backends.gpus import detect_gpus
-from ffdl.core.resources import Node
+from ffdl.core.resources import CPU_SLOTS, Node
 from ffdl.learner.cgroup_placement import CgroupParentError, Placement, discover, no_cgroup
 from ffdl.learner.cgroups import LearnerCgroup
 from ffdl.learner.sandbox import check_available, remove_netns_if_unused
@@ -145,7 +145,7 @@ class LocalBackend:
         if gpus:
             count, gpu_type = len(gpus), gpus[0].name
         else:
-            count, gpu_type = self._config.cpu_slots or cores, "cpu"
+            count, gpu_type = self._config.cpu_slots or cores, CPU_SLOTS
         return [
             Node(
                 name="local",

@@ -38,6 +38,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ffdl.backends.ray_config import NODE_NAME_LABEL, RayConfig
 from ffdl.backends.ray_host import LearnerHost
+from ffdl.core.resources import CPU_SLOTS
 
 log = logging.getLogger("ffdl.ray.driver")
 
@@ -93,7 +94,7 @@ def describe_node(raw: dict[str, Any]) -> dict[str, Any]:
     cpus = float(resources.get("CPU", 0))
     if gpus == 0:
         # As on the local backend: a machine without GPUs offers CPU slots in their place.
-        gpus, gpu_type = int(cpus), "cpu"
+        gpus, gpu_type = int(cpus), CPU_SLOTS
     return {
         "name": node_name(raw),
         "gpus": gpus,
@@ -217,7 +218,7 @@ class Driver:
 
     def _bundle(self, gpus: int, node: str) -> dict[str, float]:
         described = {d["name"]: d for d in self.nodes()}
-        if gpus and described.get(node, {}).get("gpu_type") != "cpu":
+        if gpus and described.get(node, {}).get("gpu_type") != CPU_SLOTS:
             return {"GPU": float(gpus)}
         return {"CPU": float(gpus) if gpus else MIN_BUNDLE_CPU}
 

@@ -9,46 +9,27 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ffdl.cli.cluster_render import (
+    holders_table,
+    loops_table,
+    nodes_table,
+    queue_table,
+    replicas_table,
+)
 from ffdl.cli.context import client_of
 
 console = Console(highlight=False)
 tenant_app = typer.Typer(help="Tenants, quotas and users (admins only).", no_args_is_help=True)
 
 
-def _gpu_map(node: dict[str, Any]) -> str:
-    owners = {}
-    for holder in node.get("holders") or []:
-        # Another tenant's allocation comes without its job id: only that it is in use.
-        owner = f"{holder['model_id']}/{holder['learner']}" if holder.get("model_id") else "in use"
-        for gpu in holder.get("gpu_ids") or []:
-            owners[int(gpu)] = owner
-    slots = [f"{g}:{owners.get(g, '-')}" for g in range(int(node.get("gpus", 0)))]
-    return "\n".join(slots) or "-"
-
-
 def nodes_command(ctx: typer.Context) -> None:
-    """Show each node's capacity, labels, and which job holds which GPU."""
+    """Show each node's capacity and use, its labels, and who holds what on it."""
     with client_of(ctx) as client:
-        body = client.nodes()
-    table = Table(title="Nodes")
-    columns = ("node", "GPUs used", "GPUs busy", "CPUs used", "memory used", "type", "labels")
-    for column in (*columns, "GPU: job"):
-        table.add_column(column, overflow="fold")
-    for node in body.get("nodes") or []:
-        used = node.get("used") or {}
-        labels = ", ".join(f"{k}={v}" for k, v in (node.get("labels") or {}).items())
-        name = node["name"] + ("" if node.get("schedulable", True) else " (drained)")
-        table.add_row(
-            name,
-            f"{used.get('gpus', 0)}/{node.get('gpus')}",
-            "-" if node.get("gpus_busy") is None else f"{node['gpus_busy']:g}",
-            f"{used.get('cpus', 0):g}/{node.get('cpus'):g}",
-            f"{used.get('memory', 0)}/{node.get('memory')} MiB",
-            str(node.get("gpu_type") or ""),
-            labels,
-            _gpu_map(node),
-        )
-    console.print(table)
+        nodes = client.nodes().get("nodes") or []
+    console.print(nodes_table(nodes))
+    holders = holders_table(nodes)
+    if holders is not None:
+        console.print(holders)
 
 
 def drain_command(
@@ -101,20 +82,7 @@ def queue_command(ctx: typer.Context) -> None:
     if not entries:
         console.print("The queue is empty.")
         return
-    table = Table(title="Queue")
-    for column in ("pos", "model", "tenant", "prio", "learners×GPUs", "ETA", "waiting for"):
-        table.add_column(column, overflow="fold")
-    for entry in entries:
-        table.add_row(
-            str(entry.get("position") or "-"),
-            str(entry["model_id"]),
-            str(entry.get("tenant", "")),
-            str(entry.get("priority", "")),
-            f"{entry.get('learners')}×{entry.get('gpus')}",
-            str(entry.get("eta") or "unknown"),
-            str(entry.get("reason", "")),
-        )
-    console.print(table)
+    console.print(queue_table(entries, console.width))
 
 
 def status_command(ctx: typer.Context) -> None:
@@ -122,27 +90,8 @@ def status_command(ctx: typer.Context) -> None:
     with client_of(ctx) as client:
         body = client.replicas()
         limits = client.health().get("learner_limits") or {}
-    this = body.get("this_replica")
-    table = Table(title="Replicas")
-    for column in ("replica", "url", "version", "state", "last seen", "leads"):
-        table.add_column(column)
-    for replica in body.get("replicas") or []:
-        name = replica["id"] + (" (answered)" if replica["id"] == this else "")
-        table.add_row(
-            name,
-            str(replica.get("url", "")),
-            str(replica.get("version", "")),
-            "up" if replica.get("alive") else "gone",
-            str(replica.get("seen_at", "")),
-            ", ".join(replica.get("leads") or []) or "-",
-        )
-    console.print(table)
-    leases = Table(title="Loops")
-    for column in ("loop", "run by", "fencing token"):
-        leases.add_column(column)
-    for lease in body.get("leases") or []:
-        leases.add_row(lease["name"], str(lease.get("holder") or "nobody"), str(lease["token"]))
-    console.print(leases)
+    console.print(replicas_table(body, console.width))
+    console.print(loops_table(body))
     if limits:
         console.print(
             Text(f"Learner limits ({limits.get('memory')}): {limits.get('detail', '')}"),

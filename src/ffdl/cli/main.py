@@ -41,7 +41,7 @@ from ffdl.cli.tokens import audit_command, token_app
 from ffdl.cli.top import top_command
 from ffdl.cli.users import user_app
 from ffdl.client.config import ConfigError
-from ffdl.client.http import ApiError
+from ffdl.client.http import ApiError, Client
 from ffdl.client.settings import ClientSettings
 from ffdl.core.errors import FfdlError
 
@@ -282,10 +282,20 @@ def show(
     """Show a job: status, reason, queue position, placement, events, results."""
     with client_of(ctx) as client:
         model = client.get_model(model_id)
+        # Which nodes are hosts without GPUs, whose "GPUs" the panel calls CPU slots.
+        types = {} if as_json or not model.get("placement") else _node_types(client)
     if as_json:
         typer.echo(json.dumps(model, indent=2))
     else:
-        console.print(model_panel(model))
+        console.print(model_panel(model, types))
+
+
+def _node_types(client: Client) -> dict[str, str]:
+    try:
+        nodes = client.nodes().get("nodes") or []
+    except ApiError:
+        return {}
+    return {str(node.get("name")): str(node.get("gpu_type") or "") for node in nodes}
 
 
 @app.command()

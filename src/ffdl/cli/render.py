@@ -9,7 +9,7 @@ fields sent as strings), so a server that sends less than the contract still ren
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +18,8 @@ from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+from ffdl.core.resources import slot_noun
 
 _STATUS_STYLES = {
     "QUEUED": "yellow",
@@ -209,13 +211,14 @@ def _start_estimate_text(estimate: Any) -> str | None:
     )
 
 
-def _placement_text(placement: Any) -> str | None:
+def _placement_text(placement: Any, node_types: Mapping[str, str]) -> str | None:
     if not isinstance(placement, list) or not placement:
         return None
     rows = []
     for item in placement:
         gpu_ids = item.get("gpu_ids") or []
-        gpus = f" GPUs {','.join(str(g) for g in gpu_ids)}" if gpu_ids else ""
+        noun = slot_noun(node_types.get(str(item.get("node"))), len(gpu_ids))
+        gpus = f" {noun} {','.join(str(g) for g in gpu_ids)}" if gpu_ids else ""
         rows.append(f"learner {_text(item.get('learner'))} → {_text(item.get('node'))}{gpus}")
     return "\n".join(rows)
 
@@ -239,16 +242,18 @@ def _events_table(events: Any) -> Table | None:
         return None
     shown = events[-MAX_EVENTS_SHOWN:]
     title = "Events" if len(shown) == len(events) else f"Last {len(shown)} of {len(events)} events"
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-    for column in ("Time", "From", "To", "Reason", "Learner"):
-        table.add_column(column)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    # Times, statuses and learner numbers never wrap; the reason, free text, does.
+    for column in ("Time", "From", "To", "Learner"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("Reason", ratio=1)
     for event in shown:
         table.add_row(
-            format_time(event.get("time")),
+            short_time(event.get("time")),
             _text(event.get("from")),
             status_cell(event.get("to")),
-            _text(event.get("reason")),
             _text(event.get("learner")),
+            _text(event.get("reason")),
         )
     return table
 
@@ -260,24 +265,31 @@ def _attempts_table(attempts: Any, restarts: Any) -> Table | None:
     title = "Attempts"
     if isinstance(restarts, dict) and restarts.get("max"):
         title += f" (automatic restarts {_text(restarts.get('taken'), '0')} of {restarts['max']})"
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-    for column in ("#", "Started", "Ended", "Status", "Reason"):
-        table.add_column(column)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("#", "Started", "Ended", "Status"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("Reason", ratio=1)
     for attempt in attempts:
         if not isinstance(attempt, dict):
             continue
         table.add_row(
             _text(attempt.get("attempt")),
-            format_time(attempt.get("started")),
-            format_time(attempt.get("ended")),
+            short_time(attempt.get("started")),
+            short_time(attempt.get("ended")),
             status_cell(attempt.get("status")),
             _text(attempt.get("reason")),
         )
     return table
 
 
-def model_panel(model: dict[str, Any]) -> Panel:
-    """Everything a user asks about one job: status, why, where it runs, where results go."""
+def model_panel(model: dict[str, Any], node_types: Mapping[str, str] | None = None) -> Panel:
+    """Everything a user asks about one job: status, why, where it runs, where results go.
+
+    ``node_types``: each node's ``gpu_type``, so that a job placed on hosts without GPUs is
+    said to hold CPU slots."""
+    types = node_types or {}
+    kinds = {types.get(str(item.get("node"))) for item in model.get("placement") or []}
+    unit = slot_noun(kinds.pop() if len(kinds) == 1 else None)
     training = model.get("training") or {}
     status_info = training.get("training_status") or {}
     status = status_info.get("status")
@@ -304,7 +316,8 @@ def model_panel(model: dict[str, Any]) -> Panel:
     fact("Framework", f"{asked}, runs on {runtime}" if runtime else asked)
     fact(
         "Resources",
-        f"{_text(training.get('learners'))} learner(s) {TIMES} {_text(training.get('gpus'))} GPU, "
+        f"{_text(training.get('learners'))} learner(s) {TIMES} {_text(training.get('gpus'))} "
+        f"{unit}, "
         f"{_text(training.get('cpus'))} CPU, "
         f"{_text(training.get('memory'))} {_text(training.get('memory_unit'), 'MiB')}",
     )
@@ -321,7 +334,7 @@ def model_panel(model: dict[str, Any]) -> Panel:
     fact("Progress", _progress_fact(model.get("progress")))
     fact("GPU use", _gpu_use_text(model.get("gpu_utilization")))
     fact("Start vs ETA", _start_estimate_text(model.get("start_estimate")))
-    fact("Placement", _placement_text(model.get("placement")))
+    fact("Placement", _placement_text(model.get("placement"), types))
     fact("Learners", _learners_text(model.get("learners")))
     results = model.get("results") or {}
     fact("Results", _text(results.get("location"), "not stored yet"))
@@ -475,5 +488,13 @@ def metric_data_line(data: dict[str, Any]) -> str:
         f"Iteration: {data.get('iteration', 0)!s:<7}"
     )
     values = data.get("Values") or {}
-    tail = "".join(f"{name}: {values[name]!s:<12}" for name in sorted(values))
+    # FfDL's columns of 12, but a value never runs into the next name: numbers keep six
+    # significant digits and at least one space follows each value.
+    tail = "".join(f"{name}: {_metric_value_text(values[name]):<12} " for name in sorted(values))
     return (head + tail).rstrip()
+
+
+def _metric_value_text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

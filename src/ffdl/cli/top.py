@@ -15,6 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from ffdl.cli.cluster_render import in_use_text, node_name
 from ffdl.cli.context import client_of
 from ffdl.cli.render import TIMES, duration_text
 from ffdl.client.http import Client
@@ -40,17 +41,16 @@ def frame(client: Client) -> RenderableType:
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
     table = Table(title="Nodes", title_justify="left")
     table.add_column("node", no_wrap=True)
-    table.add_column("GPUs allocated", justify="right")
-    table.add_column("GPUs busy", justify="right")
+    table.add_column("in use", justify="right", no_wrap=True)
+    table.add_column("busy", justify="right")
     table.add_column("CPUs", justify="right")
     table.add_column("type", overflow="fold")
     for node in nodes:
         used = node.get("used") or {}
         busy = node.get("gpus_busy")
-        name = str(node.get("name")) + ("" if node.get("schedulable", True) else " (drained)")
         table.add_row(
-            name,
-            f"{used.get('gpus', 0)}/{node.get('gpus', 0)}",
+            node_name(node),
+            in_use_text(node),
             "-" if busy is None else f"{float(busy):.1f}",
             f"{float(used.get('cpus', 0)):g}/{float(node.get('cpus', 0)):g}",
             str(node.get("gpu_type") or ""),

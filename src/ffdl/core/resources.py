@@ -7,6 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The ``gpu_type`` of a node without GPUs, which offers CPU slots in their place: a job's
+# ``gpus`` there are slots, and everything users read calls them CPU slots.
+CPU_SLOTS = "cpu"
+
+
+def slot_noun(gpu_type: str | None, count: float = 1) -> str:
+    """What a node of ``gpu_type`` calls its ``gpus``: GPU(s), or CPU slot(s)."""
+    noun = "CPU slot" if gpu_type == CPU_SLOTS else "GPU"
+    return noun if count == 1 else noun + "s"
+
 
 @dataclass(frozen=True, slots=True)
 class Resources:

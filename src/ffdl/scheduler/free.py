@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ffdl.core.resources import Node, Resources
+from ffdl.core.resources import CPU_SLOTS, Node, Resources
 from ffdl.scheduler.snapshot import RunningJob
 
 # Tolerance for fractional CPUs, the same one Resources.fits_in uses.
@@ -191,6 +191,10 @@ class CapacityView:
         # Nodes out of service (drained): they take nothing, but a queued job's reason names
         # them when they could hold it.
         self.drained = [f.node for f in free.values() if not f.node.schedulable]
+        # A cluster of hosts without GPUs, whose "GPUs" are CPU slots (reasons say so).
+        self.cpu_slots_only = bool(free) and all(
+            f.node.gpu_type == CPU_SLOTS for f in free.values()
+        )
         self._max_gpus = max((f.node.gpus for f in schedulable), default=0)
         self.all = Pool(self._max_gpus)
         self.all.add_all(schedulable)

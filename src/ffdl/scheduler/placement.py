@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Container, Sequence
 from typing import NamedTuple
 
-from ffdl.core.resources import LearnerPlacement, Node, Placement, Resources
+from ffdl.core.resources import CPU_SLOTS, LearnerPlacement, Node, Placement, Resources
 from ffdl.scheduler.free import CPU_EPSILON, CapacityView, FreeState, Pool, node_slots, slots_for
 from ffdl.scheduler.queue import describe, fmt_number, gang, plural
 from ffdl.scheduler.snapshot import QueuedJob
@@ -350,6 +350,8 @@ def never_fits_on(job: QueuedJob, shape: ClusterShape) -> str | None:
             return f"no node has gpu_type={job.gpu_type}"
         return "the cluster has no nodes"
     kind = f"{job.gpu_type} " if job.gpu_type else ""
+    # Hosts without GPUs offer CPU slots in their place: say so.
+    unit = "CPU slot" if all(c.gpu_type == CPU_SLOTS for c in classes) else "GPU"
     if _class_slots(classes, per) == 0:
         most = (
             max(c.gpus for c in classes),
@@ -358,7 +360,7 @@ def never_fits_on(job: QueuedJob, shape: ClusterShape) -> str | None:
         )
         largest = f"the largest {kind}node has"
         if per.gpus > most[0]:
-            return f"needs {plural(per.gpus, 'GPU')} per learner but {largest} {most[0]}"
+            return f"needs {plural(per.gpus, unit)} per learner but {largest} {most[0]}"
         if per.cpus > most[1] + CPU_EPSILON:
             return (
                 f"needs {plural(per.cpus, 'CPU')} per learner but {largest} {fmt_number(most[1])}"
@@ -368,7 +370,7 @@ def never_fits_on(job: QueuedJob, shape: ClusterShape) -> str | None:
                 f"needs {per.memory_mb} MiB memory per learner but the largest {kind}node "
                 f"has {most[2]} MiB"
             )
-        return f"no single {kind}node has {describe(per)} for one learner"
+        return f"no single {kind}node has {describe(per, unit)} for one learner"
     if job.same_label is None:
         room = _class_slots(classes, per)
         if room >= learners:
@@ -379,13 +381,13 @@ def never_fits_on(job: QueuedJob, shape: ClusterShape) -> str | None:
         memory = sum(c.memory_mb * n for c, n in classes.items())
         where = f"the {job.gpu_type} nodes have" if job.gpu_type else "the cluster has"
         if total.gpus > gpus:
-            return f"needs {total.gpus} GPUs in total but {where} {gpus}"
+            return f"needs {plural(total.gpus, unit)} in total but {where} {gpus}"
         if total.cpus > cpus + CPU_EPSILON:
             return f"needs {fmt_number(total.cpus)} CPUs in total but {where} {fmt_number(cpus)}"
         if total.memory_mb > memory:
             return f"needs {total.memory_mb} MiB memory in total but {where} {memory} MiB"
         return (
-            f"needs {gang(learners, describe(per))} but {where} room for only "
+            f"needs {gang(learners, describe(per, unit))} but {where} room for only "
             f"{plural(room, 'such learner')}"
         )
     label = job.same_label
@@ -398,10 +400,10 @@ def never_fits_on(job: QueuedJob, shape: ClusterShape) -> str | None:
         return f"no {kind}node has a {label} label"
     if max(_class_slots(classes_in, per) for classes_in in groups.values()) >= learners:
         return None
-    need = f"needs {gang(learners, describe(per))} on {kind}nodes with one {label} value"
+    need = f"needs {gang(learners, describe(per, unit))} on {kind}nodes with one {label} value"
     if per.gpus:
         most_gpus = max(sum(c.gpus * n for c, n in g.items()) for g in groups.values())
-        return f"{need}; the largest {label} has {most_gpus} GPUs"
+        return f"{need}; the largest {label} has {plural(most_gpus, unit)}"
     room = max(_class_slots(classes_in, per) for classes_in in groups.values())
     return f"{need}; the largest {label} has room for {plural(room, 'learner')}"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from operator import attrgetter
 
-from ffdl.core.resources import Resources
+from ffdl.core.resources import CPU_SLOTS, Resources
 from ffdl.scheduler.free import CPU_EPSILON, CapacityView, Pool
 from ffdl.scheduler.snapshot import QueuedJob
 
@@ -61,10 +61,10 @@ def plural(count: float, noun: str) -> str:
     return f"{fmt_number(count)} {noun}" + ("" if count == 1 else "s")
 
 
-def describe(per: Resources) -> str:
+def describe(per: Resources, unit: str = "GPU") -> str:
     parts = []
     if per.gpus:
-        parts.append(plural(per.gpus, "GPU"))
+        parts.append(plural(per.gpus, unit))
     if per.cpus:
         parts.append(plural(per.cpus, "CPU"))
     if per.memory_mb:
@@ -104,33 +104,38 @@ def describe_shortfall(view: CapacityView, job: QueuedJob) -> str:
 
 def _shortfall(view: CapacityView, job: QueuedJob) -> str:
     per, learners = job.per_learner, job.learners
-    kind = f"{job.gpu_type} " if job.gpu_type else ""
+    # Where the "GPUs" are CPU slots (hosts without GPUs), the reason says CPU slot.
+    slots = job.gpu_type == CPU_SLOTS or (job.gpu_type is None and view.cpu_slots_only)
+    noun = "CPU slot" if slots else "GPU"
+    kind = f"{job.gpu_type} " if job.gpu_type and not slots else ""
     if job.same_label is not None:
-        return _describe_locality_shortfall(view, job, kind)
+        return _describe_locality_shortfall(view, job, kind + noun)
     pool = view.pool_for(job.gpu_type)
     if pool is None:
         return f"no schedulable node has gpu_type={job.gpu_type}"
-    return _describe_pool_shortfall(pool, per, learners, kind, "")
+    return _describe_pool_shortfall(pool, per, learners, kind + noun, "")
 
 
 def _describe_pool_shortfall(
-    pool: Pool, per: Resources, learners: int, kind: str, where: str
+    pool: Pool, per: Resources, learners: int, unit: str, where: str
 ) -> str:
+    """``unit``: what the job's gpus are there ("GPU", "v100 GPU", "CPU slot")."""
     free_nodes = pool.nodes_with_free_gpus()
+    noun = unit.split(" ", 1)[-1] if unit.endswith("GPU") else unit
     if per.gpus:
         top = pool.top
-        free = f"{plural(pool.free_gpus, 'GPU')} free on {plural(free_nodes, 'node')}"
+        free = f"{plural(pool.free_gpus, noun)} free on {plural(free_nodes, 'node')}"
         if pool.free_gpus < per.gpus * learners:
-            return f"needs {gang(learners, plural(per.gpus, kind + 'GPU'))}{where}; {free}"
+            return f"needs {gang(learners, plural(per.gpus, unit))}{where}; {free}"
         if top < per.gpus:
             return (
-                f"needs {plural(per.gpus, kind + 'GPU')} on one node{where}; "
+                f"needs {plural(per.gpus, unit)} on one node{where}; "
                 f"largest free block is {top}"
             )
         room = pool.gpu_slot_bound(per.gpus)
         if room < learners:
             return (
-                f"needs {gang(learners, plural(per.gpus, kind + 'GPU'))}{where}; {free}, "
+                f"needs {gang(learners, plural(per.gpus, unit))}{where}; {free}, "
                 f"room for only {plural(room, 'such learner')}"
             )
     if per.cpus and pool.free_cpus + CPU_EPSILON < per.cpus * learners:
@@ -144,13 +149,13 @@ def _describe_pool_shortfall(
             f"{pool.free_memory_mb} MiB free"
         )
     return (
-        f"needs {gang(learners, kind + describe(per))}{where}; no set of free nodes can "
-        f"hold them ({plural(pool.free_gpus, 'GPU')}, "
+        f"needs {gang(learners, describe(per, unit))}{where}; no set of free nodes can "
+        f"hold them ({plural(pool.free_gpus, noun)}, "
         f"{fmt_number(round(pool.free_cpus, 3))} CPUs free)"
     )
 
 
-def _describe_locality_shortfall(view: CapacityView, job: QueuedJob, kind: str) -> str:
+def _describe_locality_shortfall(view: CapacityView, job: QueuedJob, unit: str) -> str:
     label = job.same_label
     assert label is not None
     groups = view.label_groups(label)
@@ -158,5 +163,5 @@ def _describe_locality_shortfall(view: CapacityView, job: QueuedJob, kind: str) 
         return f"no schedulable node has a {label} label"
     value, pool = max(groups.items(), key=lambda item: (item[1].free_gpus, item[1].free_cpus))
     return _describe_pool_shortfall(
-        pool, job.per_learner, job.learners, kind, f" with {label}={value} (the most free)"
+        pool, job.per_learner, job.learners, unit, f" with {label}={value} (the most free)"
     )

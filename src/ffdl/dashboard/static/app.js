@@ -296,11 +296,17 @@
     fillTable($("queue"), rows, $("queue-empty"));
   }
 
-  function holderText(holder) {
+  // A host without GPUs (gpu_type "cpu") offers CPU slots in their place: say so.
+  function slotNoun(gpuType) {
+    return gpuType === "cpu" ? "CPU slot" : "gpu";
+  }
+
+  function holderText(holder, gpuType) {
     const gpus = (holder.gpu_ids || []).join(",");
+    const held = gpus ? ` ${slotNoun(gpuType)} ${gpus}` : " CPUs only";
     // Another tenant's allocation comes without its job id: only that the GPUs are in use.
-    if (!holder.model_id) return `in use${gpus ? ` gpu ${gpus}` : ""}`;
-    return `${holder.model_id} #${holder.learner}${gpus ? ` gpu ${gpus}` : ""} (${holder.status})`;
+    if (!holder.model_id) return `in use${held}`;
+    return `${holder.model_id} #${holder.learner}${held} (${holder.status})`;
   }
 
   async function refreshNodes() {
@@ -308,14 +314,17 @@
     const rows = (body.nodes || []).map((node) => {
       const labels = Object.entries(node.labels || {}).map(([k, v]) => `${k}=${v}`);
       const holders = el("ul", { class: "plain" });
-      for (const holder of node.holders || []) holders.append(el("li", {}, holderText(holder)));
+      for (const holder of node.holders || []) {
+        holders.append(el("li", {}, holderText(holder, node.gpu_type)));
+      }
       const name = el("td", {}, node.name);
       if (node.schedulable === false) name.append(" ", el("span", { class: "tag" }, "cordoned"));
       return el(
         "tr",
         { dataset: { name: node.name } },
         name,
-        el("td", {}, `${node.used ? node.used.gpus : 0}/${node.gpus}`),
+        el("td", {}, `${node.used ? node.used.gpus : 0}/${node.gpus}` +
+          (node.gpu_type === "cpu" ? " CPU slots" : "")),
         el("td", {}, typeof node.gpus_busy === "number" ? node.gpus_busy.toFixed(1) : "–"),
         el("td", {}, labels.join(", ")),
         el("td", {}, holders),

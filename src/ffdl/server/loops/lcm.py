@@ -32,7 +32,7 @@ from ffdl.core.errors import (
 )
 from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import Manifest
-from ffdl.core.resources import LearnerPlacement, Placement
+from ffdl.core.resources import CPU_SLOTS, LearnerPlacement, Placement
 from ffdl.core.status import TERMINAL_LEARNER_STATES, ErrorCode, JobStatus, LearnerStatus
 from ffdl.learner.spec import OBJECT_STORE_KIND, DataMount, LearnerSpec
 from ffdl.learner.staging import StagingError, hand_over
@@ -257,7 +257,7 @@ def build_spec(
     me = next(lp for lp in placement.learners if lp.learner == learner)
     nodes = {n.name: n for n in platform.backend.nodes()}
     node = nodes.get(me.node)
-    real_gpus = node is not None and node.gpu_type != "cpu"
+    real_gpus = node is not None and node.gpu_type != CPU_SLOTS
     env = {
         "PATH": settings.learner_path,
         "LANG": "C.UTF-8",
