@@ -100,7 +100,8 @@ def test_tenants_are_isolated_and_nodes_show_holders(server: LiveServer, tmp_pat
 
     nodes = ffdl(server, "nodes")
     assert nodes.returncode == 0, nodes.stderr
-    assert "node-a" in nodes.stdout and f"{admin_job}/1" in nodes.stdout
+    holder = next(line for line in nodes.stdout.splitlines() if admin_job in line)
+    assert holder.split()[0] == "node-a" and "PROCESSING" in holder, nodes.stdout
     tenants = ffdl(server, "tenant", "list")
     assert "team-b" in tenants.stdout
     server.client.delete(f"/v1/models/{admin_job}")

@@ -128,10 +128,7 @@ def _describe_pool_shortfall(
         if pool.free_gpus < per.gpus * learners:
             return f"needs {gang(learners, plural(per.gpus, unit))}{where}; {free}"
         if top < per.gpus:
-            return (
-                f"needs {plural(per.gpus, unit)} on one node{where}; "
-                f"largest free block is {top}"
-            )
+            return f"needs {plural(per.gpus, unit)} on one node{where}; largest free block is {top}"
         room = pool.gpu_slot_bound(per.gpus)
         if room < learners:
             return (
