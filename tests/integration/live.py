@@ -22,7 +22,7 @@ import httpx
 import yaml
 
 from ffdl.learner.cgroups import LearnerCgroup
-from ffdl.learner.sandbox import NETNS_PREFIX, remove_netns_if_unused
+from ffdl.learner.sandbox import KILLED_HOLD_S, NETNS_PREFIX, remove_netns_if_unused
 
 FAST_CONFIG: dict[str, Any] = {
     "scheduler_interval_s": 0.2,
@@ -156,7 +156,7 @@ class LiveServer:
                     LearnerCgroup.existing(str(sandbox["cgroup"]), parent).remove()
                     network = str(sandbox.get("network", ""))
                     if network.startswith(NETNS_PREFIX):
-                        remove_netns_if_unused(network[len(NETNS_PREFIX) :])
+                        remove_netns_if_unused(network[len(NETNS_PREFIX) :], wait_s=KILLED_HOLD_S)
 
     def log_tail(self, n: int = 40) -> str:
         path = self.home / self.log_name

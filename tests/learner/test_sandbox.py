@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,16 @@ from typing import Any
 import pytest
 
 from ffdl.learner.cgroups import LearnerCgroup
-from ffdl.learner.sandbox import SandboxSpec, sandbox_argv, write_identity_files
+from ffdl.learner.sandbox import (
+    KILLED_HOLD_S,
+    NETNS_DIR,
+    NETNS_LOCK_DIR,
+    SandboxSpec,
+    join_netns,
+    remove_netns_if_unused,
+    sandbox_argv,
+    write_identity_files,
+)
 from ffdl.learner.spec import SpecError, _sandbox
 from tests.integration.live import wait_for
 
@@ -113,3 +123,55 @@ def test_a_learner_cgroup_holds_the_sandbox_and_is_removed(work: Path) -> None:
 def test_a_bad_sandbox_spec_is_refused_naming_the_field(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         _sandbox(raw)
+
+
+def test_a_jobs_network_namespace_stays_while_a_learner_holds_it() -> None:
+    # Two learners of one job on this host: the first ends before the second has entered
+    # the namespace (no process of it is in there yet), and must not delete it.
+    name = f"ffdl-test-{os.getpid()}"
+    first, second = join_netns(name), join_netns(name)
+    try:
+        os.close(first)
+        remove_netns_if_unused(name)
+        assert (Path(NETNS_DIR) / name).exists()
+    finally:
+        os.close(second)
+        remove_netns_if_unused(name)
+    assert not (Path(NETNS_DIR) / name).exists()
+    assert not (Path(NETNS_LOCK_DIR) / name).exists()
+    # The next attempt of the job makes it anew.
+    again = join_netns(name)
+    try:
+        assert (Path(NETNS_DIR) / name).exists()
+    finally:
+        os.close(again)
+        remove_netns_if_unused(name)
+
+
+def test_cleaning_up_after_a_killed_learner_waits_for_its_hold_to_go(tmp_path: Path) -> None:
+    name = f"ffdl-test-killed-{os.getpid()}"
+    ready = tmp_path / "ready"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import pathlib, sys, time\n"
+            "from ffdl.learner.sandbox import join_netns\n"
+            "join_netns(sys.argv[1])\n"
+            "pathlib.Path(sys.argv[2]).touch()\n"
+            "time.sleep(60)\n",
+            name,
+            str(ready),
+        ]
+    )
+    try:
+        wait_for(ready.exists, timeout=30, what="the learner to hold the namespace")
+        remove_netns_if_unused(name)
+        assert (Path(NETNS_DIR) / name).exists(), "removed while a learner held it"
+        holder.kill()
+        remove_netns_if_unused(name, wait_s=KILLED_HOLD_S)
+        assert not (Path(NETNS_DIR) / name).exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        remove_netns_if_unused(name, wait_s=KILLED_HOLD_S)

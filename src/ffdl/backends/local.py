@@ -26,7 +26,7 @@ from ffdl.backends.gpus import detect_gpus
 from ffdl.core.resources import CPU_SLOTS, Node
 from ffdl.learner.cgroup_placement import CgroupParentError, Placement, discover, no_cgroup
 from ffdl.learner.cgroups import LearnerCgroup
-from ffdl.learner.sandbox import check_available, remove_netns_if_unused
+from ffdl.learner.sandbox import KILLED_HOLD_S, check_available, remove_netns_if_unused
 from ffdl.learner.spec import LearnerSpec, dump_spec
 
 log = logging.getLogger("ffdl.backends.local")
@@ -243,7 +243,7 @@ class LocalBackend:
             parent = str(handle.get("cgroup_parent") or "")
             LearnerCgroup.existing(str(handle["cgroup"]), parent).remove()
         if handle.get("netns"):
-            remove_netns_if_unused(str(handle["netns"]))
+            remove_netns_if_unused(str(handle["netns"]), wait_s=KILLED_HOLD_S)
 
     def poll(self, handle: Handle) -> PollResult:
         pid = int(handle["pid"])

@@ -44,7 +44,12 @@ from ffdl.core.status import ErrorCode, LearnerStatus
 from ffdl.learner.cgroups import LearnerCgroup
 from ffdl.learner.remote_files import fetch_code
 from ffdl.learner.reporter import Reporter
-from ffdl.learner.sandbox import NETWORK_HOST, die_with_controller, remove_netns_if_unused
+from ffdl.learner.sandbox import (
+    KILLED_HOLD_S,
+    NETWORK_HOST,
+    die_with_controller,
+    remove_netns_if_unused,
+)
 from ffdl.learner.spec import (
     CONTROLLER_LOG,
     LearnerResult,
@@ -167,7 +172,7 @@ class LearnerHost:
                 sandbox = spec.sandbox
                 LearnerCgroup.existing(sandbox.cgroup, sandbox.cgroup_parent).remove()
             if spec.sandbox.netns is not None:
-                remove_netns_if_unused(spec.sandbox.netns)
+                remove_netns_if_unused(spec.sandbox.netns, wait_s=KILLED_HOLD_S)
         self._wake.set()
 
     # -- the learner's life on this node -------------------------------------------------------

@@ -152,6 +152,8 @@ class Controller:
         self._output_closed = False
         self._metric_sources: MetricSources | None = None
         self._limits: LearnerLimits | None = None
+        # This learner's hold on its job's network namespace (see sandbox.join_netns).
+        self._netns_hold: int | None = None
         # The job's store (results store, else checkpoint store), whether this attempt's
         # logs already went there, and the thread keeping CHECKPOINT_DIR in it meanwhile.
         self._results_store: staging.JobStore | None = None
@@ -381,7 +383,7 @@ class Controller:
         if spec is None:
             return ["/bin/bash", "-c", self.spec.command]
         if spec.privileged and spec.netns is not None:
-            sandbox.ensure_netns(spec.netns)
+            self._netns_hold = sandbox.join_netns(spec.netns)
         self._limits = LearnerLimits(spec, self._ffdl_log)
         procs = self._limits.prepare()
         home = self.spec.env.get("HOME", self.spec.workdir)
@@ -392,6 +394,9 @@ class Controller:
         """End whatever is left of the sandbox and remove its cgroup and network namespace."""
         if self._limits is not None:
             self._limits.release()
+        if self._netns_hold is not None:
+            os.close(self._netns_hold)
+            self._netns_hold = None
         spec = self.spec.sandbox
         if spec is not None and spec.privileged and spec.netns is not None:
             sandbox.remove_netns_if_unused(spec.netns)

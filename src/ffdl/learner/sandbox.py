@@ -27,6 +27,7 @@ This module uses the standard library only, because the controller must start fa
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -40,6 +41,8 @@ NETWORK_NONE = "none"
 NETWORK_HOST = "host"
 NETNS_PREFIX = "netns:"
 NETNS_DIR = "/run/netns"
+# Where learners hold their job's network namespace (see ``join_netns``).
+NETNS_LOCK_DIR = "/run/ffdl-netns"
 # How long a learner waits for a job network namespace another learner is creating.
 NETNS_READY_S = 5.0
 # System paths every sandbox sees read-only, when the host has them.
@@ -274,6 +277,52 @@ def die_with_controller() -> Callable[[], None] | None:
 
 
 # -- per-job network namespaces (distributed jobs, privileged setup) ---------------------
+#
+# How long cleaning up after a killed controller waits for its hold on the namespace to go.
+KILLED_HOLD_S = 5.0
+#
+# The learners of a job on one host share its network namespace. Each holds a shared lock on
+# NETNS_LOCK_DIR/NAME from before it makes sure the namespace exists until it ends, and the
+# namespace is deleted only under the exclusive lock: a learner that has ensured it but not
+# entered it yet has no process in it, so ``ip netns pids`` alone would let an early-ending
+# learner delete it from under the other.
+
+
+def join_netns(name: str) -> int:
+    """Make sure the job's network namespace exists and hold it for this learner: the
+    returned file descriptor is the hold, closed when the learner ends."""
+    directory = Path(NETNS_LOCK_DIR)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = directory / name
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            break
+        # The last learner removed the namespace and its lock file meanwhile: start over.
+        os.close(fd)
+    try:
+        ensure_netns(name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _lock_within(fd: int, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def ensure_netns(name: str) -> None:
@@ -301,10 +350,26 @@ def ensure_netns(name: str) -> None:
         time.sleep(0.05)
 
 
-def remove_netns_if_unused(name: str) -> None:
-    """Delete the job's network namespace once no process of the job is in it."""
-    if not (Path(NETNS_DIR) / name).exists():
-        return
-    pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, check=False)
-    if pids.returncode == 0 and not pids.stdout.strip():
-        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+def remove_netns_if_unused(name: str, wait_s: float = 0.0) -> None:
+    """Delete the job's network namespace once no learner holds it and no process is in it.
+
+    ``wait_s``: how long a hold may take to go (after killing a controller, its dying
+    process still holds the namespace for a moment)."""
+    lock = Path(NETNS_LOCK_DIR) / name
+    try:
+        fd: int | None = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None  # a namespace made before learners held them
+    try:
+        if fd is not None and not _lock_within(fd, wait_s):
+            return  # a learner of the job holds it
+        if (Path(NETNS_DIR) / name).exists():
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, check=False)
+            if pids.returncode != 0 or pids.stdout.strip():
+                return
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+        if fd is not None:
+            lock.unlink(missing_ok=True)
+    finally:
+        if fd is not None:
+            os.close(fd)
