@@ -404,7 +404,10 @@ class Handler(BaseHTTPRequestHandler):
             events = [("status", {"status": "PROCESSING", "reason": "running"})]
             if args.outcome == "HANG":
                 return self.hang(events)
-            events += [("emetric", record("train", e, loss=1 / e)) for e in (1, 2, 3)]
+            events += [
+                ("emetric", record("train", e, loss=1 / e, epoch=e, total_epochs=3))
+                for e in (1, 2, 3)
+            ]
             events += [("log", {"meta": {"rindex": 1}, "line": "test accuracy: 0.5"})]
             events += [("emetric", record("test", 3, accuracy=0.97))]
             events += [("end", {"status": args.outcome})]
@@ -469,6 +472,8 @@ def test_demo_runs_the_example_and_stops_the_platform(
     assert "status PROCESSING (running)" in text
     if outcome == "COMPLETED":
         assert "3/3 epochs" in text
+        # The live line shows the metrics; the epoch counts are the bar's.
+        assert "loss 0.333" in text and "total_epochs" not in text, text
     for fact in (outcome, "0.97", "/results/demo0001", f"http://127.0.0.1:{port}/docs"):
         assert fact in text
     assert "fake platform listening" in (tmp_path / "demo-home" / "server.log").read_text()

@@ -37,6 +37,7 @@ from ffdl.cli.render import demo_summary_panel, log_text, status_change_text
 from ffdl.client.config import read_client_file
 from ffdl.client.http import ApiError, Client
 from ffdl.core.errors import FfdlError
+from ffdl.core.progress import PROGRESS_KEYS
 
 DEFAULT_HOME = Path(".ffdl-demo")
 DEFAULT_EXAMPLE = Path("examples/digits")
@@ -221,10 +222,11 @@ class _ProgressView:
             self.progress.update(self.task, completed=min(done, self.epochs))
         values = record.get("values")
         if isinstance(values, dict):
+            # The progress counts (epoch, totals) show in the bar; the line shows metrics.
             self.metrics = "  ".join(
                 f"{name} {short_number(str(entry.get('value')))}"
                 for name, entry in values.items()
-                if isinstance(entry, dict)
+                if isinstance(entry, dict) and name not in PROGRESS_KEYS
             )
         self._describe()
 
