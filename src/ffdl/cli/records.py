@@ -276,13 +276,7 @@ def follow_lines(client: Client, model_id: str, *, on_status: bool) -> str:
 
 
 def _all_pages(fetch: Fetch, model_id: str) -> Iterator[dict[str, Any]]:
-    pos = 0
-    while True:
-        page = fetch(model_id, pagesize=LOG_PAGE_SIZE, pos=pos)
-        yield from page
-        if len(page) < LOG_PAGE_SIZE:
-            return
-        pos += len(page)
+    return _recorded(fetch, model_id, since=None, pagesize=None, pos=None)
 
 
 def _print_metrics(client: Client, model_id: str, *, follow: bool, as_json: bool) -> None:
