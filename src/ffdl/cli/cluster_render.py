@@ -12,7 +12,7 @@ from rich import box
 from rich.table import Table
 
 from ffdl.cli.render import TIMES, short_time
-from ffdl.core.resources import CPU_SLOTS, slot_noun
+from ffdl.core.resources import slot_noun
 
 # Below this width, the queue leaves out the tenant column and status the replicas' versions.
 WIDE = 100
@@ -77,10 +77,9 @@ def holders_table(nodes: list[dict[str, Any]]) -> Table | None:
     table.add_column("status", no_wrap=True)
     rows = 0
     for node in nodes:
-        noun = "CPU slot" if node.get("gpu_type") == CPU_SLOTS else "GPU"
         for holder in node.get("holders") or []:
             ids = holder.get("gpu_ids") or []
-            holds = f"{noun}{'s' if len(ids) > 1 else ''} {','.join(map(str, ids))}"
+            holds = f"{slot_noun(node.get('gpu_type'), len(ids))} {','.join(map(str, ids))}"
             table.add_row(
                 str(node.get("name")),
                 holds if ids else "CPUs only",

@@ -19,6 +19,7 @@ import types
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from pydantic import AliasChoices, BaseModel
@@ -73,7 +74,9 @@ def _nested(annotation: Any) -> tuple[str, type[BaseModel]] | None:
     return None
 
 
+@lru_cache(maxsize=64)
 def section_of(model: type[BaseModel], extra: tuple[str, ...] = ()) -> Section:
+    """The keys ``model`` knows (worked out once per model: every submit walks them)."""
     keys = _keys_of(model)
     children: dict[str, tuple[str, type[BaseModel]]] = {}
     for key, name in keys.items():

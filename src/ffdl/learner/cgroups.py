@@ -36,7 +36,6 @@ class LearnerCgroup:
 
     directories: list[Path]
     version: int
-    memory_bytes: int | None = None
     # Whether a CPU share was set (the placement may lack the cpu controller).
     cpu: bool = False
 
@@ -68,7 +67,7 @@ class LearnerCgroup:
                 with contextlib.suppress(OSError):
                     _write(directory / "cpu.weight", str(max(1, int(cpus * CPU_WEIGHT_PER_CPU))))
                     cpu = True
-            return cls(directories, V2, memory_bytes, cpu)
+            return cls(directories, V2, cpu)
         if memory_bytes:
             _write(directories[0] / "memory.limit_in_bytes", str(memory_bytes))
             # Where swap is accounted, the limit covers memory and swap together.
@@ -82,7 +81,7 @@ class LearnerCgroup:
                 directories[1].mkdir(exist_ok=True)
                 _write(directories[1] / "cpu.shares", str(max(2, int(cpus * CPU_SHARES_PER_CPU))))
                 kept.append(directories[1])
-        return cls(kept, placement.version, memory_bytes, len(kept) == 2)
+        return cls(kept, placement.version, len(kept) == 2)
 
     @classmethod
     def existing(cls, name: str, cgroup_parent: str | None = None) -> LearnerCgroup:

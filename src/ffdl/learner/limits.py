@@ -32,7 +32,6 @@ class LearnerLimits:
         self._log = log
         self.cgroup: LearnerCgroup | None = None
         self.watch: MemoryWatch | None = None
-        self._no_cgroup = "sandbox set up without root" if not sandbox.privileged else ""
 
     @property
     def memory_bytes(self) -> int | None:
@@ -42,15 +41,18 @@ class LearnerLimits:
         """Make the learner's cgroup if one can be had; the ``cgroup.procs`` files the
         sandbox joins (none without a cgroup)."""
         sandbox = self._sandbox
-        if sandbox.privileged and not sandbox.cgroup:
-            self._no_cgroup = "learner_cgroups is off"
-        if sandbox.privileged and sandbox.cgroup:
+        why = ""
+        if not sandbox.privileged:
+            why = "sandbox set up without root"
+        elif not sandbox.cgroup:
+            why = "learner_cgroups is off"
+        else:
             try:
                 self.cgroup = LearnerCgroup.create(
                     sandbox.cgroup, sandbox.memory_bytes, sandbox.cpus, sandbox.cgroup_parent
                 )
             except OSError as exc:
-                self._no_cgroup = str(exc)
+                why = str(exc)
         if self.cgroup is not None:
             held = []
             if sandbox.memory_bytes:
@@ -62,7 +64,7 @@ class LearnerLimits:
             return self.cgroup.procs_files
         if sandbox.memory_bytes:
             self._log(
-                f"[ffdl] no cgroup for this learner ({self._no_cgroup}); its memory limit of "
+                f"[ffdl] no cgroup for this learner ({why}); its memory limit of "
                 f"{memory_text(sandbox.memory_bytes)} is kept by a watchdog over its "
                 "processes' resident memory; CPU is not limited"
             )

@@ -21,7 +21,14 @@ from __future__ import annotations
 from collections.abc import Container, Sequence
 from typing import NamedTuple
 
-from ffdl.core.resources import CPU_SLOTS, LearnerPlacement, Node, Placement, Resources
+from ffdl.core.resources import (
+    CPU_SLOTS,
+    LearnerPlacement,
+    Node,
+    Placement,
+    Resources,
+    slot_noun,
+)
 from ffdl.scheduler.free import CPU_EPSILON, CapacityView, FreeState, Pool, node_slots, slots_for
 from ffdl.scheduler.queue import describe, fmt_number, gang, plural
 from ffdl.scheduler.snapshot import QueuedJob
@@ -351,7 +358,7 @@ def never_fits_on(job: QueuedJob, shape: ClusterShape) -> str | None:
         return "the cluster has no nodes"
     kind = f"{job.gpu_type} " if job.gpu_type else ""
     # Hosts without GPUs offer CPU slots in their place: say so.
-    unit = "CPU slot" if all(c.gpu_type == CPU_SLOTS for c in classes) else "GPU"
+    unit = slot_noun(CPU_SLOTS if all(c.gpu_type == CPU_SLOTS for c in classes) else None)
     if _class_slots(classes, per) == 0:
         most = (
             max(c.gpus for c in classes),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from operator import attrgetter
 
-from ffdl.core.resources import CPU_SLOTS, Resources
+from ffdl.core.resources import CPU_SLOTS, Resources, slot_noun
 from ffdl.scheduler.free import CPU_EPSILON, CapacityView, Pool
 from ffdl.scheduler.snapshot import QueuedJob
 
@@ -84,13 +84,10 @@ def describe_shortfall(view: CapacityView, job: QueuedJob) -> str:
     """Why the job does not fit what is free on ``view`` now, naming the numbers, and first
     the drained nodes that could otherwise hold its learners (a drain is why it waits)."""
     reason = _shortfall(view, job)
-    per = job.per_learner
     drained = [
         node.name
         for node in view.drained
-        if node.gpus >= per.gpus
-        and node.cpus + CPU_EPSILON >= per.cpus
-        and node.memory_mb >= per.memory_mb
+        if job.per_learner.fits_in(node.capacity)
         and (job.gpu_type is None or node.gpu_type == job.gpu_type)
     ]
     if not drained:
@@ -106,22 +103,22 @@ def _shortfall(view: CapacityView, job: QueuedJob) -> str:
     per, learners = job.per_learner, job.learners
     # Where the "GPUs" are CPU slots (hosts without GPUs), the reason says CPU slot.
     slots = job.gpu_type == CPU_SLOTS or (job.gpu_type is None and view.cpu_slots_only)
-    noun = "CPU slot" if slots else "GPU"
+    noun = slot_noun(CPU_SLOTS if slots else job.gpu_type)
     kind = f"{job.gpu_type} " if job.gpu_type and not slots else ""
     if job.same_label is not None:
-        return _describe_locality_shortfall(view, job, kind + noun)
+        return _describe_locality_shortfall(view, job, kind, noun)
     pool = view.pool_for(job.gpu_type)
     if pool is None:
         return f"no schedulable node has gpu_type={job.gpu_type}"
-    return _describe_pool_shortfall(pool, per, learners, kind + noun, "")
+    return _describe_pool_shortfall(pool, per, learners, kind, noun, "")
 
 
 def _describe_pool_shortfall(
-    pool: Pool, per: Resources, learners: int, unit: str, where: str
+    pool: Pool, per: Resources, learners: int, kind: str, noun: str, where: str
 ) -> str:
-    """``unit``: what the job's gpus are there ("GPU", "v100 GPU", "CPU slot")."""
+    """``kind`` + ``noun``: what the job's gpus are there ("GPU", "v100 GPU", "CPU slot")."""
     free_nodes = pool.nodes_with_free_gpus()
-    noun = unit.split(" ", 1)[-1] if unit.endswith("GPU") else unit
+    unit = kind + noun
     if per.gpus:
         top = pool.top
         free = f"{plural(pool.free_gpus, noun)} free on {plural(free_nodes, 'node')}"
@@ -152,7 +149,7 @@ def _describe_pool_shortfall(
     )
 
 
-def _describe_locality_shortfall(view: CapacityView, job: QueuedJob, unit: str) -> str:
+def _describe_locality_shortfall(view: CapacityView, job: QueuedJob, kind: str, noun: str) -> str:
     label = job.same_label
     assert label is not None
     groups = view.label_groups(label)
@@ -160,5 +157,5 @@ def _describe_locality_shortfall(view: CapacityView, job: QueuedJob, unit: str) 
         return f"no schedulable node has a {label} label"
     value, pool = max(groups.items(), key=lambda item: (item[1].free_gpus, item[1].free_cpus))
     return _describe_pool_shortfall(
-        pool, job.per_learner, job.learners, unit, f" with {label}={value} (the most free)"
+        pool, job.per_learner, job.learners, kind, noun, f" with {label}={value} (the most free)"
     )

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from ffdl.backends.base import BackendUnavailable
 from ffdl.core.errors import BadRequest, NotFound
 from ffdl.core.resources import Node
-from ffdl.core.status import JobStatus
+from ffdl.core.status import HOLDING_JOB_STATES
 from ffdl.server.auth import Principal
 from ffdl.server.platform import Platform
 from ffdl.server.services.admin import require_admin
@@ -25,18 +25,6 @@ from ffdl.server.store.transitions import utcnow
 
 # A drain reason is a short note for other operators, shown in every node listing.
 MAX_DRAIN_REASON = 200
-# The statuses in which a job holds its placement.
-_HOLDING = frozenset(
-    s.value
-    for s in (
-        JobStatus.PENDING,
-        JobStatus.DOWNLOADING,
-        JobStatus.PROCESSING,
-        JobStatus.STORING,
-        JobStatus.HALTING,
-        JobStatus.RESCALING,
-    )
-)
 
 
 def backend_nodes(platform: Platform) -> list[Node]:
@@ -90,10 +78,13 @@ def set_drained(
 
 
 def _jobs_on(session: Session, name: str) -> set[str]:
-    """The live jobs with a learner placed on node ``name``."""
-    rows = session.execute(
-        select(Learner.job_id, Job.status)
-        .join(Job, Job.id == Learner.job_id)
-        .where(Learner.node == name, Learner.attempt == Job.attempt)
+    """The jobs holding a placement with a learner on node ``name``."""
+    holding = [status.value for status in HOLDING_JOB_STATES]
+    return set(
+        session.scalars(
+            select(Learner.job_id)
+            .join(Job, Job.id == Learner.job_id)
+            .where(Learner.node == name, Learner.attempt == Job.attempt)
+            .where(Job.status.in_(holding))
+        )
     )
-    return {job_id for job_id, status in rows if status in _HOLDING}
