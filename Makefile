@@ -3,7 +3,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench chaos chaos-replicas clean sandbox-tools gpu-kit
+.PHONY: demo test lint typecheck bench chaos chaos-replicas chaos-db clean sandbox-tools gpu-kit
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ chaos: $(STAMP) sandbox-tools
 # version runs in `make test` (tests/replicas/test_replicas_live.py).
 chaos-replicas: $(STAMP) sandbox-tools
 	$(BIN)/python benchmarks/chaos_replicas.py $(CHAOS_ARGS)
+
+# The database as the fault: PostgreSQL killed for 5 s, 30 s and 2 minutes, then failed over
+# to its standby, while jobs run, submits arrive and follow streams are open; a short
+# version runs in `make test` (tests/replicas/test_database_faults.py).
+chaos-db: $(STAMP) sandbox-tools
+	$(BIN)/python benchmarks/chaos_db.py $(CHAOS_ARGS)
 
 # Wheels, bwrap and a runner for a GPU host without a package index (tools/gpu-kit): then,
 # there, from the project's root, `bash .gpu-kit/run.sh` runs the GPU tests and benchmarks.

@@ -7,6 +7,13 @@ only (a free port; its unix socket in the temporary directory), with durability 
 hands out a fresh, empty database as a ``postgresql+psycopg://`` URL. ``stop()`` shuts the
 server down and removes the directory.
 
+For faults (on a server started ``crash_safe``): ``kill()`` stops the server at once, as ``pg_ctl stop -m immediate`` does (its
+clients' connections drop; nothing is checkpointed), and ``start_again()`` brings it back
+on the same port with the same data. ``standby()`` makes a streaming-replication standby of
+a running server (``pg_basebackup``), which the primary then waits for at every commit
+(synchronous replication: nothing acknowledged is lost when the primary dies), and
+``promote()`` makes a standby the new primary.
+
 PostgreSQL refuses to run as root, so under root the binaries run as the ``postgres`` OS
 user (through util-linux's ``setpriv``, which execs in place: the process started is the
 server itself) with the directory handed to that user. The server gets SIGINT (its fast
@@ -72,10 +79,15 @@ def free_port() -> int:
 class PostgresServer:
     """One PostgreSQL cluster on 127.0.0.1, alive between ``start()`` and ``stop()``."""
 
-    def __init__(self, *, fsync: bool = False) -> None:
+    def __init__(self, *, fsync: bool = False, crash_safe: bool = False) -> None:
         """``fsync=True`` keeps PostgreSQL's durability (for benchmarks beside SQLite's
-        ``synchronous=FULL``); tests run without it."""
+        ``synchronous=FULL``); tests run without it. ``crash_safe=True`` keeps commits
+        synchronous: what a commit acknowledged survives ``kill()`` (the operating system
+        still holds it) and is on a ``standby()``."""
         self.fsync = fsync
+        self.crash_safe = crash_safe
+        # More ``-c name=value`` settings for the server's command line.
+        self.options: list[str] = []
         self.bin = find_binaries()
         self.root = Path(tempfile.mkdtemp(prefix="ffdl-pg-"))
         self.data = self.root / "data"
@@ -87,7 +99,8 @@ class PostgresServer:
     def _durability(self) -> list[str]:
         if self.fsync:
             return []
-        return ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+        unsafe = ["-c", "fsync=off", "-c", "full_page_writes=off"]
+        return unsafe if self.crash_safe else [*unsafe, "-c", "synchronous_commit=off"]
 
     def _as_owner(self) -> list[str]:
         """The command prefix that runs PostgreSQL's binaries: as the ``postgres`` user when
@@ -118,10 +131,13 @@ class PostgresServer:
             prefix.append("--pdeathsig=SIGINT")
         return [*prefix, "--"]
 
-    def start(self) -> PostgresServer:
+    def _own_root(self) -> None:
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
         self.root.chmod(0o700)
+
+    def start(self) -> PostgresServer:
+        self._own_root()
         initdb = subprocess.run(
             [
                 *self._as_owner(),
@@ -142,7 +158,11 @@ class PostgresServer:
         if initdb.returncode != 0:
             raise RuntimeError(f"initdb failed ({initdb.returncode}): {initdb.stderr.strip()}")
         self.port = free_port()
-        log = (self.root / "postgres.log").open("wb")
+        self._launch()
+        return self
+
+    def _launch(self) -> None:
+        log = (self.root / "postgres.log").open("ab")
         self.process = subprocess.Popen(
             [
                 *self._as_owner(),
@@ -158,13 +178,78 @@ class PostgresServer:
                 *self._durability(),
                 "-c",
                 "max_connections=300",
+                *self.options,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
         log.close()
         self._wait_ready()
-        return self
+
+    def kill(self) -> None:
+        """Stop at once, as ``pg_ctl stop -m immediate`` (SIGQUIT): connections drop."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGQUIT)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def start_again(self) -> None:
+        """After ``kill()``: the same server, port and data, back (crash recovery first)."""
+        assert self.process is None, "the server is running"
+        self._launch()
+
+    def standby(self) -> PostgresServer:
+        """A new server streaming this one's changes, synchronously (see the module)."""
+        assert self.crash_safe, "a primary is started with crash_safe=True"
+        replica = PostgresServer(fsync=self.fsync, crash_safe=True)
+        replica._own_root()
+        backup = subprocess.run(
+            [
+                *replica._as_owner(),
+                str(replica.bin / "pg_basebackup"),
+                "--pgdata",
+                str(replica.data),
+                f"--dbname=host=127.0.0.1 port={self.port} user={USER}",
+                "--write-recovery-conf",
+                "--wal-method=stream",
+                "--checkpoint=fast",
+                "--no-sync",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if backup.returncode != 0:
+            replica.stop()
+            raise RuntimeError(f"pg_basebackup failed: {backup.stderr.strip()}")
+        replica.port = free_port()
+        # After the primary restarts, commits wait for the standby to reconnect: it retries
+        # every 5 s by default, which would be most of a short outage's cost.
+        replica.options = ["-c", "wal_retrieve_retry_interval=500ms"]
+        replica._launch()
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("SELECT pg_reload_conf()")
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'"
+                ).fetchone()
+                if row is not None and row[0] >= 1:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the standby never became a synchronous standby")
+                time.sleep(0.05)  # polling the primary's view of its standby
+        return replica
+
+    def promote(self) -> None:
+        """Make this standby a primary that accepts writes."""
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            conn.execute("SELECT pg_promote(wait => true)")
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

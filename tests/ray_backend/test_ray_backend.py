@@ -93,8 +93,10 @@ def test_jobs_wait_for_an_unreachable_cluster_and_run_once_it_is_up(
 
     cluster: RayTestCluster = request.getfixturevalue("ray_cluster")
     model = platform.wait_status(job_id, {"COMPLETED"}, timeout=120)
+    # The job may finish on the first nodes the platform sees; the rest join on its next
+    # look at the cluster.
+    wait_for(lambda: set(views.nodes(platform)) == set(NODES), timeout=30, what="every node listed")
     nodes = views.nodes(platform)
-    assert set(nodes) == set(NODES)
     for node in nodes.values():
         assert node["labels"]["address"] == "127.0.0.1", node
         assert node["gpus"] == 4

@@ -6,19 +6,36 @@ commands against a fake transport.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import typer
 
 from ffdl.client.config import ClientConfig, client_for, resolve_client_config
-from ffdl.client.http import Client
+from ffdl.client.http import ApiError, Client
 
 ClientFactory = Callable[[ClientConfig], Client]
+# While the platform answers 503, say so on stderr at most this often.
+UNAVAILABLE_NOTICE_EVERY_S = 30.0
+
+
+class UnavailableNotice:
+    """Tells the user, now and then, that the CLI is waiting out an unavailable platform."""
+
+    def __init__(self) -> None:
+        self._last = -UNAVAILABLE_NOTICE_EVERY_S
+
+    def __call__(self, error: ApiError, delay: float) -> None:
+        now = time.monotonic()
+        if now - self._last < UNAVAILABLE_NOTICE_EVERY_S:
+            return
+        self._last = now
+        typer.echo(f"{error.message}; waiting and retrying (next try in {delay:g} s)", err=True)
 
 
 def default_client_factory(config: ClientConfig) -> Client:
-    return client_for(config)
+    return client_for(config, on_unavailable=UnavailableNotice())
 
 
 @dataclass

@@ -4,6 +4,12 @@ Every failure reaches the caller as ``ApiError``: the server's error bodies (FfD
 ``{"code": <status>, "error", "description"}`` with ffdl's ``ffdl_code`` and ``detail``) keep
 their ffdl code, and a server that cannot be reached becomes an ``ApiError`` that names its
 URL, so callers never have to handle ``httpx`` exceptions.
+
+A ``503`` (the platform's database is away, a failover say) is waited out: the request is
+sent again after the answer's ``Retry-After`` (or a doubling delay), for at most
+``unavailable_wait_s`` in all, and only then raised. The server answers 503 only for a
+request it did not carry out, and a submit carries an ``Idempotency-Key``, so sending one
+again is safe.
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ SUBMIT_RETRY_DELAY_S = 0.5
 SUBMIT_RETRY_DELAY_MAX_S = 8.0
 # Answers of a proxy whose server is away: the key makes retrying them safe too.
 RETRY_HTTP_STATUSES = frozenset({502, 503, 504})
+# How long a request waits out a platform whose database is away (503) before failing:
+# longer than a PostgreSQL failover or restart takes.
+UNAVAILABLE_WAIT_S = 180.0
+UNAVAILABLE_DELAY_S = 0.5
+UNAVAILABLE_DELAY_MAX_S = 5.0
 
 RetryNotice = Callable[["ApiError", float], None]
 
@@ -43,6 +54,10 @@ class ApiError(FfdlError):
         super().__init__(message, code=code, detail=detail)
         self.status = status
         self.http_status = status
+
+
+class _StreamUnavailable(Exception):
+    """An event stream refused with 503: reconnected like a dropped one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +118,40 @@ def iter_sse(lines: Iterable[str]) -> Iterator[tuple[str, str] | None]:
             data.append(value)
 
 
+def retry_after_s(response: httpx.Response) -> float | None:
+    """The seconds of a ``Retry-After`` header given in seconds (not as a date); else None."""
+    value = response.headers.get("retry-after", "").strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+class _UnavailableWait:
+    """Waits out 503 answers to one request, within a time budget."""
+
+    def __init__(self, budget_s: float, notice: RetryNotice | None) -> None:
+        self._give_up_at = time.monotonic() + budget_s
+        self._delay = UNAVAILABLE_DELAY_S
+        self._notice = notice
+
+    def wait(self, response: httpx.Response, error: ApiError) -> bool:
+        """Sleep before the next try and say True; False when the request should fail now."""
+        if response.status_code != 503:
+            return False
+        left = self._give_up_at - time.monotonic()
+        if left <= 0:
+            return False
+        asked = retry_after_s(response)
+        delay = min(self._delay if asked is None else asked, left)
+        if self._notice is not None:
+            self._notice(error, delay)
+        time.sleep(delay)
+        self._delay = min(self._delay * 2, UNAVAILABLE_DELAY_MAX_S)
+        return True
+
+
 def new_idempotency_key() -> str:
     """A fresh key for one submit: 128 random bits, URL-safe."""
     return secrets.token_urlsafe(16)
@@ -144,9 +193,15 @@ class Client:
         transport: httpx.BaseTransport | None = None,
         timeout: float = 30.0,
         auth: httpx.Auth | None = None,
+        unavailable_wait_s: float = UNAVAILABLE_WAIT_S,
+        on_unavailable: RetryNotice | None = None,
     ) -> None:
+        """``unavailable_wait_s``: how long to wait out 503 answers (0: not at all);
+        ``on_unavailable(error, delay)`` is told before each such wait."""
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.unavailable_wait_s = unavailable_wait_s
+        self.on_unavailable = on_unavailable
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -192,13 +247,17 @@ class Client:
         )
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise self._transport_error(exc) from exc
-        if response.is_error:
-            raise error_from_response(response)
-        return response
+        waiting = _UnavailableWait(self.unavailable_wait_s, self.on_unavailable)
+        while True:
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                raise self._transport_error(exc) from exc
+            if not response.is_error:
+                return response
+            error = error_from_response(response)
+            if not waiting.wait(response, error):
+                raise error
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         response = self._send(method, path, **kwargs)
@@ -452,7 +511,8 @@ class Client:
         A reconnect asks for lines from the last ``rindex`` seen and drops lines already
         delivered, so no line is lost or repeated whether the server's bound is inclusive or
         not. Gives up with ``ApiError`` when no stream could be re-established (or no keep-alive
-        arrived) for ``reconnect_window`` seconds, or after ``deadline`` seconds in all.
+        arrived) for ``reconnect_window`` seconds (while the platform answers 503, its
+        database away, for ``unavailable_wait_s``), or after ``deadline`` seconds in all.
         """
         path = self._model_path(model_id, "/events/stream")
         timeout = httpx.Timeout(self.timeout, read=read_timeout)
@@ -462,6 +522,7 @@ class Client:
         last_rindex: int | None = None
         delay = retry_delay
         problem = "the event stream ended before the job did"
+        unavailable_since: float | None = None
         while True:
             try:
                 with self._http.stream(
@@ -471,6 +532,10 @@ class Client:
                     headers={"Accept": "text/event-stream"},
                     timeout=timeout,
                 ) as response:
+                    if response.status_code == 503:
+                        # The platform's database is away: reconnect within the window.
+                        response.read()
+                        raise _StreamUnavailable(error_from_response(response).message)
                     if response.is_error:
                         response.read()
                         raise error_from_response(response)
@@ -493,6 +558,13 @@ class Client:
                 problem = "the event stream ended before the job did"
             except httpx.TransportError as exc:
                 problem = str(exc) or type(exc).__name__
+            except _StreamUnavailable as exc:
+                problem = str(exc)
+                # The platform is alive and says so: wait as long as for any request.
+                unavailable_since = unavailable_since or time.monotonic()
+                give_up_at = max(give_up_at, unavailable_since + self.unavailable_wait_s)
+            else:
+                unavailable_since = None
             now = time.monotonic()
             self._check_deadline(model_id, started, deadline)
             if now >= give_up_at:

@@ -15,7 +15,10 @@
     │   ├── StatusChanged          another replica changed the status meanwhile
     │   └── LeaseLost              a loop's write under a lease this replica lost
     ├── Gone (410)                 a report for a learner attempt that was superseded
-    └── PayloadTooLarge (413)      an upload over the configured limits
+    ├── PayloadTooLarge (413)      an upload over the configured limits
+    ├── Unavailable (503)          S503: a part the request needs (the database) is away
+    │                              for now; ``Retry-After`` says when to try again
+    └── InsufficientStorage (507)  S507: the platform's disk is full; nothing was stored
 
 The API renders each with its HTTP status in FfDL's error shape, plus ffdl's own code and
 detail (:func:`error_body`); nothing else leaks to a client::
@@ -153,3 +156,27 @@ class Gone(FfdlError):
 class PayloadTooLarge(FfdlError):
     http_status = 413
     default_code = "C413"
+
+
+class Unavailable(FfdlError):
+    """The request needs a part of the platform that is away for now (its database).
+
+    Nothing the request asked for was done, so the same request may be sent again: the
+    answer's ``Retry-After`` says after how many seconds.
+    """
+
+    http_status = 503
+    default_code = "S503"
+
+    def __init__(self, message: str, *, retry_after_s: int = 2, detail: Any = None) -> None:
+        super().__init__(message, detail=detail)
+        self.retry_after_s = retry_after_s
+        self.headers = {"Retry-After": str(retry_after_s)}
+
+
+class InsufficientStorage(FfdlError):
+    """A write the platform could not make for lack of disk space; nothing half-written
+    is kept."""
+
+    http_status = 507
+    default_code = "S507"

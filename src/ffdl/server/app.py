@@ -12,13 +12,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from ffdl.backends.base import Backend, BackendConfigError, BackendUnavailable
 from ffdl.backends.factory import open_backend
 from ffdl.backends.local import SandboxUnavailable
-from ffdl.core.errors import FfdlError, error_body
+from ffdl.core.errors import FfdlError, Unavailable, error_body
 from ffdl.server.auth import JobTokens, bootstrap, load_or_create_secret
 from ffdl.server.credentials import CredentialVault
 from ffdl.server.home import secure_home
@@ -49,6 +50,7 @@ from ffdl.server.routers import (
 from ffdl.server.routers.health import ffdl_version
 from ffdl.server.routers.responses import without_validation_422
 from ffdl.server.settings import Settings
+from ffdl.server.store.availability import DatabaseAway, DatabaseFull, fault_of, first_line
 from ffdl.server.store.db import Store, StoreUnavailable
 from ffdl.server.telemetry.middleware import RequestTiming
 
@@ -117,6 +119,8 @@ async def keep_leases(keeper: LeaseKeeper, platform: Platform) -> None:
             taken = await asyncio.to_thread(keeper.tick)
         except asyncio.CancelledError:
             raise
+        except Unavailable:
+            continue  # the store logged the outage; the leases lapse until it is back
         except Exception:
             log.exception("renewing the loop leases failed")
             continue
@@ -135,6 +139,8 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
             # replica runs its loops from its first turn.
             try:
                 await asyncio.to_thread(keeper.tick)
+            except Unavailable:
+                pass  # logged by the store; the next turn tries again
             except Exception:
                 log.exception("taking the loop leases failed; retrying on the next turn")
         loops: list[tuple[str, Callable[[], object], float, float]] = [
@@ -196,7 +202,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         app.include_router(module.router)
     app.include_router(admin.users_router)
     app.add_middleware(RequestTiming)
-    _install_error_handlers(app)
+    _install_error_handlers(app, platform)
     return app
 
 
@@ -217,7 +223,7 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
     return allowed
 
 
-def _install_error_handlers(app: FastAPI) -> None:
+def _install_error_handlers(app: FastAPI, platform: Platform) -> None:
     @app.exception_handler(FfdlError)
     async def ffdl_error(_request: Request, exc: FfdlError) -> JSONResponse:
         return JSONResponse(status_code=exc.http_status, content=exc.to_json(), headers=exc.headers)
@@ -245,6 +251,23 @@ def _install_error_handlers(app: FastAPI) -> None:
             content=error_body(exc.status_code, str(exc.detail), f"H{exc.status_code}"),
             headers=headers,
         )
+
+    async def fault_or_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A database fault met outside the store's sessions, or a file write that found the
+        # disk full, is still the answer for that fault (503 or 507), not a 500. (Handled
+        # here by type: Starlette re-raises what the catch-all handler answers, and the
+        # server then drops the connection.)
+        fault = fault_of(exc, platform.store.dialect)
+        if fault == "away":
+            platform.store.availability.went_away(first_line(exc))
+            return await ffdl_error(request, DatabaseAway(platform.store.address, first_line(exc)))
+        if fault == "full":
+            where = str(getattr(exc, "filename", None) or platform.settings.home)
+            return await ffdl_error(request, DatabaseFull(where, first_line(exc)))
+        return await unexpected(request, exc)
+
+    app.add_exception_handler(OSError, fault_or_unexpected)
+    app.add_exception_handler(SQLAlchemyError, fault_or_unexpected)
 
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, exc: Exception) -> JSONResponse:

@@ -20,8 +20,14 @@ deploy the same job twice. A ``leases`` row per loop says who runs it:
   the new holder's, because a takeover must lock the same row to change the token.
 
 Replicas also register themselves in the ``replicas`` table (URL, host, pid, version, when
-last seen) so that ``ffdl status`` shows who is up and who leads what, and so that learners
-are told every replica's address.
+last seen, when they last saw the database come back after an outage) so that ``ffdl
+status`` shows who is up and who leads what, so that learners are told every replica's
+address, and so that the job monitor, wherever it runs, counts no silence from the time
+some replica could not reach the database.
+
+A database that goes away stops every renewal: the leases lapse on each replica's clock
+(its loops stop), and when the database returns the first replica to tick takes them,
+with new tokens, as after any expiry.
 
 Times are each replica's own clock (naive UTC): replicas on several machines need clocks
 agreeing to well within ``lease_ttl_s`` (NTP does).
@@ -156,6 +162,8 @@ class LeaseKeeper:
         self.names = names
         self.started_at = utcnow()
         self._held: dict[str, Held] = {}
+        # When this replica took each lease it holds (a new token), on its own clock.
+        self._led_since: dict[str, datetime] = {}
         self._busy_since: dict[str, datetime] = {}
         self._lock = threading.Lock()
         install_fence_check()
@@ -182,6 +190,11 @@ class LeaseKeeper:
         with self._lock:
             return sorted(self._held)
 
+    def led_since(self, name: str) -> datetime | None:
+        """Since when this replica has led loop ``name`` without a break; None if it does not."""
+        with self._lock:
+            return self._led_since.get(name) if name in self._held else None
+
     # -- one round ----------------------------------------------------------------------------
 
     def tick(self) -> list[str]:
@@ -207,6 +220,8 @@ class LeaseKeeper:
                     self._held.pop(name, None)
                 else:
                     self._held[name] = held
+                    if before is None or before.token != held.token:
+                        self._led_since[name] = now
             if held is not None and (before is None or before.token != held.token):
                 log.info("replica %s leads %s (token %d)", self.replica_id, name, held.token)
                 taken.append(name)
@@ -309,19 +324,19 @@ class LeaseKeeper:
     def _register(self, session: Session, now: datetime) -> None:
         replica = session.get(Replica, self.replica_id)
         if replica is None:
-            session.add(
-                Replica(
-                    id=self.replica_id,
-                    url=self.url,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    version=self.version,
-                    started_at=self.started_at,
-                    seen_at=now,
-                )
+            replica = Replica(
+                id=self.replica_id,
+                url=self.url,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                version=self.version,
+                started_at=self.started_at,
+                seen_at=now,
             )
+            session.add(replica)
         else:
             replica.seen_at = now
+        replica.database_returned_at = self.store.availability.returned_at
 
 
 def describe(session: Session, *, now: datetime, alive_within: timedelta) -> dict[str, Any]:

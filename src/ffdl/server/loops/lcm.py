@@ -29,6 +29,7 @@ from ffdl.core.errors import (
     IllegalTransition,
     LeaseLost,
     StatusChanged,
+    Unavailable,
 )
 from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import Manifest
@@ -99,8 +100,10 @@ def _for_one_job(platform: Platform, step: Callable[[Platform, str], None], job_
         step(platform, job_id)
     except BackendUnavailable as exc:
         log.warning("%s of %s waits for the backend: %s", step.__name__, job_id, exc)
-    except LeaseLost:
-        raise  # this replica no longer runs the LCM: the whole pass stops
+    except (LeaseLost, Unavailable):
+        # This replica no longer runs the LCM, or the database is away: the whole pass
+        # stops, and no job is blamed for it.
+        raise
     except StatusChanged as exc:
         # Another replica or a request moved the job first; the next pass decides anew.
         log.info("%s of %s gave way: %s", step.__name__, job_id, exc)
@@ -200,8 +203,8 @@ def _deploy(platform: Platform, job_id: str) -> None:
                     session.add(
                         DeployStep(job_id=job_id, attempt=attempt, step=step, done_at=utcnow())
                     )
-    except (LeaseLost, StatusChanged):
-        raise
+    except (LeaseLost, StatusChanged, Unavailable):
+        raise  # the step stays unrecorded: the next pass takes it up again
     except StoreError as exc:
         _fail(platform, job_id, f"deploy failed: {exc}", exc.code)
     except (OSError, FfdlError, StagingError, zipfile.BadZipFile, zlib.error, EOFError) as exc:

@@ -8,9 +8,12 @@ controller had read but not delivered are first recovered from its record (``sal
 Learners still alive in an attempt that is over (the others of a failed gang, a job gone
 back to the queue to restart) are killed.
 
-Silence is counted from the later of the last heartbeat and this control plane's start:
-while the server was down nobody could hear the controllers (they buffer and carry on),
-so after a restart each gets a full heartbeat timeout to get through again. One learner's
+Silence is counted only over time the control plane could hear the controllers: from the
+latest of the last heartbeat, this replica's start, the moment it took the monitor's lease,
+and the end of the last database outage any replica saw (``Replica.database_returned_at``,
+and this process's own). While the server was down, the monitor led nowhere, or the
+database away, nobody could record a heartbeat (controllers spool their reports and carry
+on), so afterwards each gets a full heartbeat timeout to get through again. One learner's
 trouble (an exception polling or killing it) is logged as that learner's, and the pass
 goes on with the others; a backend that cannot be reached now (``BackendUnavailable``)
 is no trouble of the learner's: it is skipped and looked at again on the next pass. A
@@ -24,13 +27,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from ffdl.backends.base import BackendUnavailable, LearnerState
-from ffdl.core.errors import IllegalTransition
+from ffdl.core.errors import IllegalTransition, Unavailable
 from ffdl.core.status import (
     HOLDING_JOB_STATES,
     TERMINAL_JOB_STATES,
@@ -44,7 +48,7 @@ from ffdl.server.services.aggregate import aggregate_job
 from ffdl.server.services.history import record_cluster_sample
 from ffdl.server.services.queries import current_learners
 from ffdl.server.services.salvage import salvage_output
-from ffdl.server.store.models import Job, Learner
+from ffdl.server.store.models import Job, Learner, Replica
 from ffdl.server.store.transitions import set_learner_status, utcnow
 
 log = logging.getLogger("ffdl.monitor")
@@ -62,6 +66,22 @@ class _Watch:
     stop_reason: str = "stopped: job ended"
 
 
+def heard_since(platform: Platform, session: Session) -> datetime:
+    """Since when, at the latest, the control plane has been able to hear every controller."""
+    moments = [platform.started_at]
+    returned = platform.store.availability.returned_at
+    if returned is not None:
+        moments.append(returned)
+    if platform.keeper is not None:
+        led = platform.keeper.led_since("monitor")
+        if led is not None:
+            moments.append(led)
+    elsewhere = session.scalar(select(func.max(Replica.database_returned_at)))
+    if elsewhere is not None:
+        moments.append(elsewhere)
+    return max(moments)
+
+
 def monitor_pass(platform: Platform) -> None:
     settings = platform.settings
     quiet_after = timedelta(seconds=max(2 * settings.heartbeat_s, 1.0))
@@ -69,6 +89,7 @@ def monitor_pass(platform: Platform) -> None:
     live = [s.value for s in LearnerStatus if s not in TERMINAL_LEARNER_STATES]
     watches: list[_Watch] = []
     with platform.store.read() as session:
+        since = heard_since(platform, session)
         rows = session.execute(
             select(Learner, Job.status, Job.attempt)
             .join(Job, Job.id == Learner.job_id)
@@ -78,7 +99,7 @@ def monitor_pass(platform: Platform) -> None:
             status = JobStatus(job_status)
             # A job that holds nothing (QUEUED to restart, HALTED) has no attempt running.
             ended = status not in HOLDING_JOB_STATES or learner.attempt != job_attempt
-            last = max(learner.last_heartbeat or learner.updated_at, platform.started_at)
+            last = max(learner.last_heartbeat or learner.updated_at, since)
             if ended or now - last > quiet_after:
                 watches.append(
                     _Watch(
@@ -103,6 +124,8 @@ def monitor_pass(platform: Platform) -> None:
                 watch.attempt,
                 exc,
             )
+        except Unavailable:
+            raise  # the database is away: the pass stops, and the next one looks again
         except Exception:
             log.exception(
                 "checking learner %d of %s (attempt %d) failed; next pass tries again",

@@ -3,6 +3,9 @@
 Among replicas sharing a database a loop runs only while this replica holds its lease
 (``ffdl.server.leases``), and each pass runs under the lease's fence, so that the writes of
 a pass that outlives the lease are refused.
+
+A pass that meets the database away (``Unavailable``) just ends: the store has logged the
+outage once, and the next pass tries again; there is no traceback per pass.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ffdl.core.errors import LeaseLost
+from ffdl.core.errors import LeaseLost, Unavailable
 from ffdl.server.leases import LeaseKeeper, reset_fence, set_fence
 from ffdl.server.platform import Wakeups
 from ffdl.server.telemetry.instruments import LOOP_PASS_SECONDS
@@ -64,6 +67,8 @@ async def run_pass(name: str, step: Callable[[], object], keeper: LeaseKeeper | 
         raise
     except LeaseLost as exc:
         log.warning("%s pass stopped: %s", name, exc)
+    except Unavailable as exc:
+        log.debug("%s pass stopped: %s", name, exc)
     except Exception:
         log.exception("%s pass failed", name)
     finally:

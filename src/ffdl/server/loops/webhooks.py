@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from sqlalchemy import Exists, func, or_, select
 
-from ffdl.core.errors import LeaseLost
+from ffdl.core.errors import LeaseLost, Unavailable
 from ffdl.server.leases import Fence, LeaseKeeper, reset_fence, set_fence
 from ffdl.server.platform import Platform
 from ffdl.server.routers.health import ffdl_version
@@ -264,6 +264,9 @@ class WebhookLoop:
             raise
         except LeaseLost as exc:
             log.warning("webhooks pass stopped: %s", exc)
+        except Unavailable as exc:
+            # Logged once by the store; what was sent and not recorded goes again later.
+            log.debug("webhooks pass stopped: %s", exc)
         except Exception:
             log.exception("webhooks pass failed")
         finally:

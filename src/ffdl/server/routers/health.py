@@ -22,13 +22,22 @@ def ffdl_version() -> str:
 def health(platform: PlatformDep) -> dict[str, object]:
     """Liveness, the version, whether learners run sandboxed (``--no-sandbox`` shows
     ``false`` and a warning, so that no one mistakes an unconfined platform for a safe one),
-    and what holds learners to their memory and CPUs on this replica's hosts."""
+    and what holds learners to their memory and CPUs on this replica's hosts.
+
+    While this replica cannot reach its database, ``status`` is ``degraded``, ``reason``
+    says why and ``degraded_for_s`` for how long: the process is alive (do not restart it),
+    and requests that need the database get 503 until it is back."""
+    outage = platform.store.availability.outage()
     body: dict[str, object] = {
-        "status": "ok",
+        "status": "ok" if outage is None else "degraded",
         "version": ffdl_version(),
         "sandbox": platform.settings.sandbox,
         "learner_limits": platform.backend.learner_limits(),
     }
+    if outage is not None:
+        detail, lasted = outage
+        body["reason"] = f"database unreachable at {platform.store.address}: {detail}"
+        body["degraded_for_s"] = round(lasted, 1)
     if not platform.settings.sandbox:
         body["warning"] = "learners are not sandboxed (--no-sandbox)"
     return body

@@ -62,7 +62,7 @@ def _read_limited(upload: UploadFile, limit: int, field: str) -> bytes:
             "description": "A retry: the model this Idempotency-Key already made",
             "headers": {"Location": header("the model's URL")},
         },
-        **errors(400, 409, 413),
+        **errors(400, 409, 413, 507),
     },
 )
 def create_model(

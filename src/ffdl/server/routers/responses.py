@@ -41,6 +41,8 @@ _DESCRIPTIONS = {
     409: "The request contradicts the object's current state",
     410: "A report for a learner attempt that was superseded or a job that has ended",
     413: "An upload over the platform's limits",
+    503: "The platform's database is unreachable for now; retry after `Retry-After` seconds",
+    507: "The platform's disk is full; nothing was stored",
 }
 
 Responses = dict[int | str, dict[str, Any]]
@@ -48,9 +50,13 @@ Responses = dict[int | str, dict[str, Any]]
 
 def errors(*statuses: int) -> Responses:
     """The ``responses=`` entries documenting ``statuses`` with :class:`ErrorBody`."""
-    return {
-        status: {"model": ErrorBody, "description": _DESCRIPTIONS[status]} for status in statuses
-    }
+    documented: Responses = {}
+    for status in statuses:
+        entry: dict[str, Any] = {"model": ErrorBody, "description": _DESCRIPTIONS[status]}
+        if status == 503:
+            entry["headers"] = {"Retry-After": header("seconds to wait before retrying")}
+        documented[status] = entry
+    return documented
 
 
 def header(description: str) -> dict[str, Any]:
@@ -104,8 +110,8 @@ def download(media_type: str, description: str) -> Responses:
     )
 
 
-# Every route behind a token can refuse the caller.
-AUTHENTICATED = errors(401)
+# Every route behind a token can refuse the caller, and needs the database to check it.
+AUTHENTICATED = errors(401, 503)
 
 
 def without_validation_422(document: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
+from ffdl.core.errors import Unavailable
 from ffdl.core.status import JobStatus, is_terminal
 from ffdl.server.platform import Platform
 from ffdl.server.services.logs import lines_after, metrics_after
@@ -134,11 +135,17 @@ async def follow(
     """Batches of new records until the job stops; the last one has ``ended`` set.
 
     With ``keepalive_s``, an empty batch comes after that long without news (for a stream
-    that must show it is alive).
+    that must show it is alive). While the database is away the follower waits, keeping
+    the stream alive, and goes on from its cursor once it is back: nothing is skipped.
     """
     idle = 0.0
+    job: Job | None = None
     while True:
-        batch = await asyncio.to_thread(poll, platform, job_id, cursor, wanted)
+        try:
+            batch = await asyncio.to_thread(poll, platform, job_id, cursor, wanted)
+        except Unavailable:
+            batch = Batch(job=job)  # the store logged the outage; poll again shortly
+        job = batch.job
         if not batch.empty or batch.ended is not None:
             yield batch
             idle = 0.0

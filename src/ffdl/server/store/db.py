@@ -20,7 +20,15 @@ Concurrency on PostgreSQL: sessions are ``READ COMMITTED`` transactions; writers
 on a process-wide lock, and the rows whose change must be exclusive (a job's status, a
 lease) are locked with ``SELECT ... FOR UPDATE`` where they change (``transitions.py``,
 ``leases.py``). The pool checks a connection before handing it out (``pool_pre_ping``), so
-a restarted server costs no failed request.
+a restarted server costs no failed request once it is back. A URL may name several servers
+(``?host=HOST1:PORT1&host=HOST2:PORT2&target_session_attrs=read-write``, libpq's multi-host
+form): each connection goes to the first that accepts writes, so after a failover the pool
+reconnects to the promoted standby.
+
+Faults: a session that meets the database away (or its disk full) raises ``DatabaseAway``
+(503) or ``DatabaseFull`` (507) instead of the driver's error, and the store's
+:class:`~ffdl.server.store.availability.Availability` records the outage and its end
+(``availability.py``).
 
 The schema is created and upgraded by ``schema.upgrade`` (Alembic migrations), never here.
 """
@@ -37,8 +45,16 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+
+from ffdl.server.store.availability import (
+    Availability,
+    DatabaseAway,
+    DatabaseFull,
+    fault_of,
+    first_line,
+)
 
 # The execution option that makes a SQLite transaction begin with ``BEGIN IMMEDIATE``.
 SQLITE_BEGIN = "ffdl_sqlite_begin"
@@ -80,11 +96,29 @@ def safe_url(url: str | URL) -> str:
 
 
 def server_address(url: str | URL) -> str:
-    """``HOST:PORT`` of a server URL (PostgreSQL's defaults filled in)."""
+    """``HOST:PORT`` of a server URL (PostgreSQL's defaults filled in); for a URL naming
+    several servers, each of them, comma-separated."""
     parsed = make_url(url)
-    host = parsed.host or str(parsed.query.get("host") or "localhost")
-    port = parsed.port or (5432 if parsed.get_backend_name() == "postgresql" else None)
-    return f"{host}:{port}" if port else host
+    default_port = 5432 if parsed.get_backend_name() == "postgresql" else None
+    if parsed.host:
+        single = parsed.port or default_port
+        return f"{parsed.host}:{single}" if single else parsed.host
+    hosts = _listed(parsed.query.get("host")) or ["localhost"]
+    ports = _listed(parsed.query.get("port"))
+    addresses = []
+    for n, listed in enumerate(hosts):
+        host, _, inline_port = listed.partition(":")
+        port = inline_port or (ports[n] if n < len(ports) else "") or default_port
+        addresses.append(f"{host}:{port}" if port else host)
+    return ",".join(addresses)
+
+
+def _listed(value: str | tuple[str, ...] | None) -> list[str]:
+    """A query parameter given once with commas (``host=a,b``) or repeated (``host=a&host=b``)."""
+    if value is None:
+        return []
+    parts = [value] if isinstance(value, str) else list(value)
+    return [item for part in parts for item in part.split(",") if item]
 
 
 def _switch_to_wal(cur: Any) -> None:
@@ -174,6 +208,10 @@ class Store:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(write_bind, expire_on_commit=False)
         self._write_lock = threading.RLock()
+        self.availability = Availability(self.address)
+        # A connection handed out has just been checked (``pool_pre_ping``): the database
+        # is there.
+        event.listen(self.engine, "checkout", lambda *_: self.availability.reached())
 
     @property
     def path(self) -> Path | None:
@@ -199,18 +237,14 @@ class Store:
             raise DatabaseUnreachable(self.unreachable_message(exc)) from None
 
     def unreachable_message(self, exc: BaseException) -> str:
-        cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        detail = cause[0] if cause else type(exc).__name__
-        password = make_url(self.url).password
-        if password:
-            detail = detail.replace(str(password), "***")
+        detail = self._without_password(first_line(exc))
         if self.dialect == "sqlite":
             return f"cannot open the database at {self.address}: {detail}"
         return f"database unreachable at {self.address}: {detail}"
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        with self._sessions() as session:
+        with self._faults(), self._sessions() as session:
             yield session
 
     @contextmanager
@@ -222,8 +256,28 @@ class Store:
         queue: AbstractContextManager[Any] = (
             self._write_lock if self.dialect == "sqlite" else nullcontext()
         )
-        with queue, self._write_sessions() as session, session.begin():
+        with self._faults(), queue, self._write_sessions() as session, session.begin():
             yield session
+
+    @contextmanager
+    def _faults(self) -> Iterator[None]:
+        """Turn a database that is away, or a full disk, into the API's answers for them."""
+        try:
+            yield
+        except (SQLAlchemyError, OSError) as exc:
+            fault = fault_of(exc, self.dialect)
+            if fault is None:
+                raise
+            detail = self._without_password(first_line(exc))
+            if fault == "away":
+                self.availability.went_away(detail)
+                raise DatabaseAway(self.address, detail) from exc
+            where = getattr(exc, "filename", None) or self.address
+            raise DatabaseFull(str(where), detail) from exc
+
+    def _without_password(self, text: str) -> str:
+        password = make_url(self.url).password
+        return text.replace(str(password), "***") if password else text
 
     def dispose(self) -> None:
         self.engine.dispose()

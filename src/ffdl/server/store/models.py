@@ -333,3 +333,6 @@ class Replica(Base):
     seen_at: Mapped[datetime]
     # Set when the replica stopped cleanly; a replica that died just stops being seen.
     stopped_at: Mapped[datetime | None] = mapped_column(default=None)
+    # When this replica last saw the database come back after an outage: the job monitor
+    # counts no learner's silence from before it (``loops/monitor.py``).
+    database_returned_at: Mapped[datetime | None] = mapped_column(default=None)

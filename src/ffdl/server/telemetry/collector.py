@@ -7,7 +7,8 @@ nodes outside the transaction. Per-job and per-learner series exist only for job
 hold resources, so their number follows the cluster's size, not the store's history.
 
 A ``tenant`` limits the series to that tenant's: per-node series, which mix tenants, are
-left out then.
+left out then. While the database is away these series are left out of the scrape (the
+process's own series, ``ffdl_database_up`` among them, still answer).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import and_, func, select
 
+from ffdl.core.errors import Unavailable
 from ffdl.core.progress import remaining_now
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.server.platform import Platform
@@ -45,7 +47,10 @@ class StoreCollector(Collector):
         self._tenant = tenant
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self._read()
+        try:
+            snapshot = self._read()
+        except Unavailable:
+            return
         yield from self._job_counts(snapshot)
         yield from self._learner_series(snapshot)
         yield from self._job_series(snapshot)

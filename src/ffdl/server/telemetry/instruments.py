@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
@@ -87,6 +87,16 @@ FAILURES = Counter(
     "ffdl_failures_total",
     "Jobs that failed, by ffdl error code.",
     ["tenant", "error_code"],
+    registry=REGISTRY,
+)
+DATABASE_UP = Gauge(
+    "ffdl_database_up",
+    "1 while this process reaches its database, 0 while the database is unreachable.",
+    registry=REGISTRY,
+)
+DATABASE_OUTAGES = Counter(
+    "ffdl_database_outages_total",
+    "Times this process found its database unreachable after reaching it.",
     registry=REGISTRY,
 )
 

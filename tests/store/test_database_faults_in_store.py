@@ -1,0 +1,111 @@
+"""How the store answers a database that is away or full: real servers and files.
+
+A server that refuses connections is away (503, logged once, without its password); an
+error of the statement itself is not a fault; a SQLite write that finds no room is a 507
+and leaves nothing of its transaction; URLs naming several servers are shown whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import ProgrammingError
+
+from ffdl.core.errors import InsufficientStorage, Unavailable
+from ffdl.server.store.db import Store, server_address
+from tests.postgres import PostgresServer, free_port
+
+
+def test_a_server_that_refuses_is_away_once_named_and_never_with_its_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    store = Store(f"postgresql+psycopg://ffdl:s3cret-pass@127.0.0.1:{port}/ffdl")
+    caplog.set_level(logging.WARNING, logger="ffdl.store")
+    try:
+        for _ in range(3):
+            with pytest.raises(Unavailable) as away, store.read() as session:
+                session.execute(text("SELECT 1"))
+        with pytest.raises(Unavailable), store.write() as session:
+            session.execute(text("SELECT 1"))
+    finally:
+        store.dispose()
+    error = away.value
+    assert (error.http_status, error.code, error.headers) == (503, "S503", {"Retry-After": "2"})
+    assert error.message.startswith(
+        f"the platform's database is unreachable (127.0.0.1:{port}: connection failed"
+    )
+    assert "s3cret-pass" not in error.message
+    outage = store.availability.outage()
+    assert outage is not None and "Connection refused" in outage[0]
+    warnings = [r.getMessage() for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(warnings) == 1, "one line per outage, not one per failed session"
+    assert store.availability.returned_at is None
+
+
+def test_a_url_naming_several_servers_says_why_each_failed() -> None:
+    first, second = free_port(), free_port()
+    store = Store(
+        f"postgresql+psycopg://ffdl:pw@/ffdl?host=127.0.0.1:{first}&host=127.0.0.1:{second}"
+        "&target_session_attrs=read-write"
+    )
+    try:
+        with pytest.raises(Unavailable) as away, store.read() as session:
+            session.execute(text("SELECT 1"))
+    finally:
+        store.dispose()
+    assert away.value.message == (
+        f"the platform's database is unreachable (127.0.0.1:{first},127.0.0.1:{second}: "
+        f"127.0.0.1:{first}: Connection refused; 127.0.0.1:{second}: Connection refused); retry"
+    )
+
+
+def test_a_statement_error_is_not_a_database_fault(postgres: PostgresServer) -> None:
+    store = Store(postgres.create_database())
+    try:
+        with pytest.raises(ProgrammingError), store.read() as session:
+            session.execute(text("SELECT * FROM no_such_table"))
+        assert store.availability.outage() is None
+    finally:
+        store.dispose()
+
+
+def test_a_sqlite_write_without_room_is_507_and_leaves_nothing(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'ffdl.db'}")
+    try:
+        with store.write() as session:
+            session.execute(text("CREATE TABLE blobs (body BLOB)"))
+            session.execute(text("INSERT INTO blobs VALUES (x'00')"))
+        with pytest.raises(InsufficientStorage) as full, store.write() as session:
+            # The file may grow by a few pages only: SQLite's own "disk is full".
+            pages = session.execute(text("PRAGMA page_count")).scalar_one()
+            session.execute(text(f"PRAGMA max_page_count = {pages + 4}"))
+            session.execute(text("INSERT INTO blobs VALUES (x'01')"))
+            session.execute(text("INSERT INTO blobs VALUES (zeroblob(1048576))"))
+        assert (full.value.http_status, full.value.code) == (507, "S507")
+        assert "the platform's disk is full" in full.value.message
+        assert "nothing was stored" in full.value.message
+        with store.read() as session:
+            assert session.execute(text("SELECT count(*) FROM blobs")).scalar_one() == 1
+    finally:
+        store.dispose()
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql+psycopg://u:p@db:6543/ffdl", "db:6543"),
+        ("postgresql+psycopg://u:p@db/ffdl", "db:5432"),
+        (
+            "postgresql+psycopg://u:p@/ffdl?host=a:5432&host=b:5433&target_session_attrs=read-write",
+            "a:5432,b:5433",
+        ),
+        ("postgresql+psycopg://u:p@/ffdl?host=a,b&port=5432,5433", "a:5432,b:5433"),
+        ("postgresql+psycopg://u:p@/ffdl?host=a,b", "a:5432,b:5432"),
+    ],
+)
+def test_a_url_naming_several_servers_is_shown_with_each(url: str, shown: str) -> None:
+    assert server_address(url) == shown
