@@ -7,12 +7,13 @@ only (a free port; its unix socket in the temporary directory), with durability 
 hands out a fresh, empty database as a ``postgresql+psycopg://`` URL. ``stop()`` shuts the
 server down and removes the directory.
 
-For faults (on a server started ``crash_safe``): ``kill()`` stops the server at once, as ``pg_ctl stop -m immediate`` does (its
-clients' connections drop; nothing is checkpointed), and ``start_again()`` brings it back
-on the same port with the same data. ``standby()`` makes a streaming-replication standby of
-a running server (``pg_basebackup``), which the primary then waits for at every commit
-(synchronous replication: nothing acknowledged is lost when the primary dies), and
-``promote()`` makes a standby the new primary.
+For faults (on a server started ``crash_safe``): ``kill()`` stops the server at once, as
+``pg_ctl stop -m immediate`` does (its clients' connections drop; nothing is
+checkpointed), and ``start_again()`` brings it back on the same port with the same data.
+``standby()`` makes a streaming-replication standby of a running server
+(``pg_basebackup``), which the primary then waits for at every commit (synchronous
+replication: nothing acknowledged is lost when the primary dies), and ``promote()`` makes a
+standby the new primary.
 
 PostgreSQL refuses to run as root, so under root the binaries run as the ``postgres`` OS
 user (through util-linux's ``setpriv``, which execs in place: the process started is the
