@@ -3,7 +3,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench chaos chaos-replicas chaos-db clean sandbox-tools gpu-kit
+.PHONY: demo test lint typecheck bench chaos chaos-replicas chaos-db fleet clean sandbox-tools gpu-kit
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,11 @@ chaos-replicas: $(STAMP) sandbox-tools
 # version runs in `make test` (tests/replicas/test_database_faults.py).
 chaos-db: $(STAMP) sandbox-tools
 	$(BIN)/python benchmarks/chaos_db.py $(CHAOS_ARGS)
+
+# The control plane at fleet scale with simulated learners (docs/scale.md); a short version
+# runs in `make test` (tests/integration/test_fleet_simulated.py).
+fleet: $(STAMP)
+	$(BIN)/python benchmarks/fleet.py $(FLEET_ARGS)
 
 # Wheels, bwrap and a runner for a GPU host without a package index (tools/gpu-kit): then,
 # there, from the project's root, `bash .gpu-kit/run.sh` runs the GPU tests and benchmarks.

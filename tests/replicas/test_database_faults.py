@@ -175,14 +175,15 @@ def _chaos_module() -> ModuleType:
 def test_a_short_database_chaos_run_with_a_failover_loses_nothing(tmp_path: Path) -> None:
     chaos = _chaos_module()
     settings = chaos.Settings(
-        jobs=6,
+        jobs=5,
         clients=2,
-        lines=24,
+        lines=20,
         pause_s=0.25,
         kills=(4.0,),
         failover=True,
-        promote_after_s=2.0,
-        gap_s=4.0,
+        promote_after_s=1.5,
+        gap_s=3.0,
+        follow_every=2,
         heartbeat_timeout_s=3.0,
         lease_ttl_s=1.5,
     )

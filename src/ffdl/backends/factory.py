@@ -9,12 +9,15 @@ from __future__ import annotations
 from ffdl.backends.base import Backend, BackendConfigError
 from ffdl.backends.local import LocalBackend, LocalConfig
 from ffdl.backends.ray_config import RayConfig
+from ffdl.backends.simulated import SimulatedBackend, SimulatedSetup
 
 RAY_MISSING = "the Ray backend needs Ray: pip install 'ffdl[ray]'"
 
 
-def open_backend(config: LocalConfig | RayConfig) -> Backend:
+def open_backend(config: LocalConfig | RayConfig | SimulatedSetup) -> Backend:
     """The backend ``config`` describes; ``BackendConfigError`` when it cannot be had here."""
+    if isinstance(config, SimulatedSetup):
+        return SimulatedBackend(config)
     if isinstance(config, RayConfig):
         try:
             from ffdl.backends.ray_backend import RayBackend

@@ -12,6 +12,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from ffdl.backends.local import NO_SANDBOX_WARNING
+from ffdl.backends.simulated import SIMULATED_WARNING
 from ffdl.learner.cgroup_placement import discover
 from ffdl.server.announce import announce
 from ffdl.server.app import STARTUP_ERRORS, create_app
@@ -111,6 +112,12 @@ def _log_backend(settings: Settings) -> None:
                 "cannot reach; start with --advertise-url http://HOST:PORT",
                 settings.learner_api_url,
             )
+    elif settings.backend == "simulated" and settings.simulated is not None:
+        log.warning(
+            "backend: simulated: %s; simulated learners run in the harness at %s",
+            SIMULATED_WARNING,
+            settings.simulated.harness_url,
+        )
     else:
         log.info("backend: local (learners run on this host)")
 

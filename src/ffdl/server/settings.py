@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ffdl.backends.local import LocalConfig
 from ffdl.backends.ray_config import RayConfig
+from ffdl.backends.simulated import SimulatedConfig, SimulatedSetup
 from ffdl.core.resources import Node
 from ffdl.core.units import parse_size_mb
 from ffdl.server.services.runtimes import RuntimeConfig, check_runtimes
@@ -66,8 +67,11 @@ class Settings(BaseSettings):
     learner_path: str = Field(default_factory=lambda: _default_learner_path())
 
     # Where learners run: ``local`` (controller processes on this host) or ``ray`` (on the
-    # machines of the Ray cluster at ``ray_address``, its GCS ``HOST:PORT``).
-    backend: Literal["local", "ray"] = "local"
+    # machines of the Ray cluster at ``ray_address``, its GCS ``HOST:PORT``). ``simulated``
+    # is for load tests of the control plane only: learners are simulated by the harness
+    # its ``simulated:`` section names (``ffdl.backends.simulated``); nothing runs.
+    backend: Literal["local", "ray", "simulated"] = "local"
+    simulated: SimulatedConfig | None = None
     ray_address: str | None = None
     # The API address learners report to (default ``api_url``). Learners on other machines
     # cannot reach a loopback address: with Ray, advertise one they can.
@@ -274,8 +278,15 @@ class Settings(BaseSettings):
         """The API address learners report to: ``advertise_url``, else ``api_url``."""
         return (self.advertise_url or self.api_url).rstrip("/")
 
-    def backend_config(self) -> LocalConfig | RayConfig:
+    def backend_config(self) -> LocalConfig | RayConfig | SimulatedSetup:
         """The chosen backend's configuration; ValueError when it cannot be built."""
+        if self.backend == "simulated":
+            if self.simulated is None:
+                raise ValueError(
+                    "the simulated backend (load tests only) needs a `simulated:` section "
+                    "in config.yaml: harness_url, duration_s, lines_per_s, metrics_per_s"
+                )
+            return SimulatedSetup(self.simulated, self._declared_nodes())
         if self.backend == "ray":
             if not self.ray_address:
                 raise ValueError(
@@ -298,20 +309,23 @@ class Settings(BaseSettings):
             home=str(self.home),
             learner_path=self.learner_path,
             sandbox=self.sandbox,
-            nodes=tuple(
-                Node(
-                    name=n.name,
-                    gpus=n.gpus,
-                    cpus=n.cpus,
-                    memory_mb=parse_size_mb(n.memory, f"nodes.{n.name}.memory"),
-                    gpu_type=n.gpu_type,
-                    labels=dict(n.labels),
-                )
-                for n in self.nodes
-            ),
+            nodes=self._declared_nodes(),
             cpu_slots=self.cpu_slots,
             cgroup_parent=self.cgroup_parent or "",
             learner_cgroups=self.learner_cgroups,
+        )
+
+    def _declared_nodes(self) -> tuple[Node, ...]:
+        return tuple(
+            Node(
+                name=n.name,
+                gpus=n.gpus,
+                cpus=n.cpus,
+                memory_mb=parse_size_mb(n.memory, f"nodes.{n.name}.memory"),
+                gpu_type=n.gpu_type,
+                labels=dict(n.labels),
+            )
+            for n in self.nodes
         )
 
     @classmethod

@@ -768,6 +768,7 @@
       const response = await fetch("/health", { cache: "no-store" });
       const health = await response.json();
       show($("sandbox-warning"), health.sandbox === false);
+      show($("simulated-warning"), health.learners === "simulated");
     } catch (err) {
       // The connection indicator reports an unreachable server.
     }

@@ -6,6 +6,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter
 
+from ffdl.backends.simulated import SIMULATED_WARNING
 from ffdl.server.routers.deps import PlatformDep
 
 router = APIRouter(tags=["health"])
@@ -22,7 +23,8 @@ def ffdl_version() -> str:
 def health(platform: PlatformDep) -> dict[str, object]:
     """Liveness, the version, whether learners run sandboxed (``--no-sandbox`` shows
     ``false`` and a warning, so that no one mistakes an unconfined platform for a safe one),
-    and what holds learners to their memory and CPUs on this replica's hosts.
+    and what holds learners to their memory and CPUs on this replica's hosts. Under the
+    load-testing backend, ``learners`` is ``simulated`` and a warning says so.
 
     While this replica cannot reach its database, ``status`` is ``degraded``, ``reason``
     says why and ``degraded_for_s`` for how long: the process is alive (do not restart it),
@@ -38,6 +40,9 @@ def health(platform: PlatformDep) -> dict[str, object]:
         detail, lasted = outage
         body["reason"] = f"database unreachable at {platform.store.address}: {detail}"
         body["degraded_for_s"] = round(lasted, 1)
-    if not platform.settings.sandbox:
+    if platform.settings.backend == "simulated":
+        body["learners"] = "simulated"
+        body["warning"] = SIMULATED_WARNING
+    elif not platform.settings.sandbox:
         body["warning"] = "learners are not sandboxed (--no-sandbox)"
     return body

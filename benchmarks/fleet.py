@@ -1,0 +1,577 @@
+"""The control plane at fleet scale, with simulated learners (``make fleet``).
+
+``python benchmarks/fleet.py`` runs, for each combination of ``--nodes`` (declared nodes of
+8 GPUs), ``--stored`` (finished jobs already in the database) and ``--setups``
+(``sqlite:1``, ``postgres:1``, ``postgres:3``: store and replicas), the real platform with
+the ``simulated`` backend: a load-testing harness process (``ffdl.loadtest.harness``) plays
+every learner on the wire. Jobs arrive with the gaps of the Philly trace (``data/``,
+scaled to keep ``--learners`` learners running), their sizes from the trace, across four
+tenants and three priorities, one in five elastic. After a ramp of one job length it
+measures for ``--window`` seconds and prints one row per run:
+
+- submit → PROCESSING p50/p99 (from the jobs' own events), scheduling pass p50/p99 (the
+  scheduler's ``/metrics`` histogram);
+- API latency p50/p99 for submit, list (first and a deep page), show and loglines, under
+  that load;
+- report ingestion: log lines/s and metric points/s acknowledged, and the harness's backlog;
+- each replica's RSS, the database's growth per million log lines, one ``/metrics``
+  scrape's time and size, control-plane CPU seconds per job start.
+
+Ratios against the first setup are printed beside each table. Nothing may be lost: at the
+end every job submitted in the run must have ended or be running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+from _server import FAST_CONFIG, LiveServer, code_zip
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import insert, text
+from tests.postgres import PostgresServer, free_port
+
+from ffdl.server.store.db import Store
+from ffdl.server.store.models import Job
+from ffdl.server.store.transitions import utcnow
+from ffdl.sim.philly import TraceFilter, load_philly
+
+TENANTS = ("vision", "speech", "nlp", "ads")
+PRIORITIES = (0, 50, 100)
+GPUS_PER_NODE = 8
+SEED_CHUNK = 5000
+
+
+@dataclass(frozen=True)
+class Setup:
+    store: str  # "sqlite" or "postgres"
+    replicas: int
+
+    @property
+    def label(self) -> str:
+        return f"{'SQLite' if self.store == 'sqlite' else 'PostgreSQL'}, {self.replicas} repl."
+
+
+@dataclass
+class Run:
+    setup: Setup
+    nodes: int
+    stored: int
+    figures: dict[str, float | None] = field(default_factory=dict)
+    lost: int = 0
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """``q`` of a cumulative histogram's (upper bound, count) pairs, interpolated."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound
+            span = count - lower_count
+            return lower_bound + (bound - lower_bound) * (
+                (rank - lower_count) / span if span else 0
+            )
+        lower_bound, lower_count = bound, count
+    return None
+
+
+def arrivals(count: int, mean_gap_s: float, seed: int) -> list[tuple[float, int]]:
+    """``count`` (gap, GPUs) pairs from the Philly trace, gaps scaled to ``mean_gap_s``."""
+    jobs = load_philly(None, TraceFilter(sample=1.0, seed=seed), max_gpus=64)
+    jobs.sort(key=lambda job: job.submit_s)
+    gaps = [max(0.0, b.submit_s - a.submit_s) for a, b in itertools.pairwise(jobs)]
+    mean = statistics.fmean(gaps) or 1.0
+    rng = random.Random(seed)
+    start = rng.randrange(max(1, len(gaps) - count))
+    picked = [(gaps[start + i] * mean_gap_s / mean, jobs[start + i].gpus) for i in range(count)]
+    return picked
+
+
+def manifest(name: str, gpus: int, tenant_priority: int, elastic: bool, duration_s: float) -> str:
+    learners = max(1, -(-gpus // GPUS_PER_NODE))
+    per_learner = min(gpus, GPUS_PER_NODE)
+    lines = [
+        f"name: {name}",
+        "version: '1.0'",
+        f"learners: {learners}",
+        f"gpus: {per_learner}",
+        "cpus: 1",
+        "memory: 1GiB",
+        f"priority: {tenant_priority}",
+        "framework:",
+        "  name: custom",
+        "  version: '1'",
+        f"  command: simulate duration_s={duration_s:.0f}",
+    ]
+    if elastic and learners == 1 and per_learner > 1:
+        lines.append(f"elastic: {{gpus: {{min: 1, max: {per_learner}}}}}")
+    return "\n".join(lines) + "\n"
+
+
+def seed_finished_jobs(database_url: str, count: int) -> None:
+    """``count`` finished jobs, written straight into the store in large inserts."""
+    store = Store(database_url)
+    base = utcnow() - timedelta(days=60)
+    try:
+        for first in range(0, count, SEED_CHUNK):
+            rows = []
+            for i in range(first, min(count, first + SEED_CHUNK)):
+                at = base + timedelta(seconds=i * 30)
+                rows.append(
+                    {
+                        "id": f"training-seed{i:07d}",
+                        "tenant_id": "default",
+                        "user_id": "admin",
+                        "name": f"seed-{i}",
+                        "manifest": {"name": f"seed-{i}", "framework": {"name": "custom"}},
+                        "status": "COMPLETED",
+                        "reason": "completed",
+                        "learners": 1,
+                        "gpus": 1,
+                        "cpus": 1.0,
+                        "memory_mb": 1024,
+                        "submitted_at": at,
+                        "started_at": at,
+                        "finished_at": at,
+                        "status_changed_at": at,
+                        "attempt": 1,
+                        "exit_code": 0,
+                    }
+                )
+            with store.write() as session:
+                session.execute(insert(Job), rows)
+    finally:
+        store.dispose()
+
+
+def database_bytes(database_url: str, home: Path) -> int:
+    if database_url.startswith("sqlite"):
+        return sum(p.stat().st_size for p in home.glob("ffdl.db*"))
+    store = Store(database_url)
+    try:
+        with store.read() as session:
+            return int(
+                session.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
+            )
+    finally:
+        store.dispose()
+
+
+def process_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Fleet:
+    def __init__(self, args: argparse.Namespace, setup: Setup, nodes: int, stored: int) -> None:
+        self.args = args
+        self.setup = setup
+        self.nodes = nodes
+        self.stored = stored
+        self.lock = threading.Lock()
+        self.latency: dict[str, list[float]] = {
+            k: [] for k in ("submit", "list", "list deep", "show", "loglines")
+        }
+        self.submitted: list[str] = []
+        self.errors: dict[int, int] = {}
+        self.measuring = threading.Event()
+        self.stop = threading.Event()
+
+    def run(self, tmp: Path) -> Run:
+        args, setup = self.args, self.setup
+        home = tmp / "home"
+        home.mkdir(parents=True)
+        postgres: PostgresServer | None = None
+        harness_port = free_port()
+        harness = subprocess.Popen(
+            [sys.executable, "-m", "ffdl.loadtest.harness", "--port", str(harness_port)],
+            stdout=(tmp / "harness.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        replicas: list[LiveServer] = []
+        result = Run(setup, self.nodes, self.stored)
+        try:
+            if setup.store == "postgres":
+                postgres = PostgresServer(fsync=True).start()
+                database_url = postgres.create_database()
+            else:
+                database_url = f"sqlite:///{home / 'ffdl.db'}"
+            config = {
+                **FAST_CONFIG,
+                "scheduler_interval_s": 1.0,
+                "lcm_interval_s": 0.5,
+                "monitor_interval_s": 1.0,
+                "heartbeat_s": 2.0,
+                "heartbeat_timeout_s": 60.0,
+                "database_url": database_url,
+                "backend": "simulated",
+                "sandbox": False,
+                "gpu_sample_s": 0,
+                "cluster_sample_s": 0,
+                "simulated": {
+                    "harness_url": f"http://127.0.0.1:{harness_port}",
+                    "duration_s": args.duration,
+                    "lines_per_s": args.lines_per_s,
+                    "metrics_per_s": args.metrics_per_s,
+                    "node_count": self.nodes,
+                    "gpus_per_node": GPUS_PER_NODE,
+                    "racks": max(1, self.nodes // 40),
+                },
+            }
+            config.pop("nodes", None)
+            for n in range(setup.replicas):
+                replica = LiveServer(home=home, config=dict(config), log_name=f"r{n}.log")
+                replica.start()
+                replicas.append(replica)
+            # After the first start, which made the schema, the tenant and the administrator.
+            seed_finished_jobs(database_url, self.stored)
+            tokens = self._tenants(replicas[0])
+            harness_url = f"http://127.0.0.1:{harness_port}"
+            result.figures = self._load(replicas, tokens, harness_url, database_url, home)
+            result.lost = self._lost(replicas[0])
+        finally:
+            self.stop.set()
+            for replica in replicas:
+                replica.stop()
+            harness.terminate()
+            harness.wait(timeout=30)
+            if postgres is not None:
+                postgres.stop()
+        return result
+
+    def _tenants(self, replica: LiveServer) -> list[str]:
+        tokens = []
+        for tenant in TENANTS:
+            answer = replica.client.post("/v1/tenants", json={"id": tenant})
+            assert answer.status_code in (200, 201), answer.text
+            user = replica.client.post(
+                f"/v1/tenants/{tenant}/users", json={"name": f"{tenant}-user"}
+            )
+            assert user.status_code in (200, 201), user.text
+            tokens.append(str(user.json()["token"]))
+        return tokens
+
+    # -- load ---------------------------------------------------------------------------
+
+    def _submitter(
+        self, replicas: list[LiveServer], tokens: list[str], plan: list[tuple[float, int]]
+    ) -> None:
+        rng = random.Random(self.args.seed)
+        code = code_zip({"train.py": "print('simulated')\n"})
+        clients = [
+            httpx.Client(base_url=r.url, headers={"Authorization": f"Bearer {t}"}, timeout=60)
+            for r in replicas
+            for t in tokens
+        ]
+        try:
+            for n, (gap, gpus) in enumerate(plan):
+                if self.stop.wait(gap):
+                    return
+                client = rng.choice(clients)
+                body = manifest(
+                    f"fleet-{n:05d}",
+                    gpus,
+                    rng.choice(PRIORITIES),
+                    n % 5 == 0,
+                    self.args.duration * rng.uniform(0.5, 1.5),
+                )
+                started = time.perf_counter()
+                answer = client.post(
+                    "/v1/models",
+                    files={
+                        "manifest": ("m.yml", body.encode()),
+                        "model_definition": ("c.zip", code),
+                    },
+                )
+                took = time.perf_counter() - started
+                if answer.status_code != 201:
+                    with self.lock:
+                        self.errors[answer.status_code] = self.errors.get(answer.status_code, 0) + 1
+                    continue
+                with self.lock:
+                    self.submitted.append(str(answer.json()["model_id"]))
+                    if self.measuring.is_set():
+                        self.latency["submit"].append(took)
+        finally:
+            for client in clients:
+                client.close()
+
+    def _prober(self, replicas: list[LiveServer]) -> None:
+        rng = random.Random(self.args.seed + 1)
+        clients = [
+            httpx.Client(base_url=r.url, headers={"Authorization": f"Bearer {r.token}"}, timeout=60)
+            for r in replicas
+        ]
+        deep = max(0, self.stored - 100)
+        try:
+            while not self.stop.wait(0.1):
+                client = rng.choice(clients)
+                with self.lock:
+                    known = list(self.submitted[-200:])
+                calls = [("list", "/v1/models", {"limit": 50})]
+                calls.append(("list deep", "/v1/models", {"limit": 50, "offset": deep}))
+                if known:
+                    job_id = rng.choice(known)
+                    calls.append(("show", f"/v1/models/{job_id}", {}))
+                    calls.append(("loglines", f"/v1/logs/{job_id}/loglines", {"pagesize": 100}))
+                for name, path, params in calls:
+                    started = time.perf_counter()
+                    answer = client.get(path, params=params)
+                    took = time.perf_counter() - started
+                    with self.lock:
+                        if answer.status_code >= 400:
+                            self.errors[answer.status_code] = (
+                                self.errors.get(answer.status_code, 0) + 1
+                            )
+                        elif self.measuring.is_set():
+                            self.latency[name].append(took)
+        finally:
+            for client in clients:
+                client.close()
+
+    def _load(
+        self,
+        replicas: list[LiveServer],
+        tokens: list[str],
+        harness_url: str,
+        database_url: str,
+        home: Path,
+    ) -> dict[str, float | None]:
+        args = self.args
+        mean_learners = 1.6  # the Philly sizes in learners of 8 GPUs, about
+        rate = args.learners / args.duration / mean_learners
+        total_s = args.duration + args.window + 5
+        # More arrivals than the run can take: the submitter stops with the run.
+        plan = arrivals(int(3 * rate * total_s) + 10, 1.0 / rate, args.seed)
+        threads = [
+            threading.Thread(target=self._submitter, args=(replicas, tokens, plan), daemon=True),
+            threading.Thread(target=self._prober, args=(replicas,), daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        admin = replicas[0].client
+        pids = [r.proc.pid for r in replicas if r.proc is not None]
+        time.sleep(args.duration)  # the ramp: the cluster fills up to its steady state
+        harness = httpx.Client(base_url=harness_url, timeout=30)
+        before_stats = harness.get("/stats").json()
+        before_sched = self._scheduler_buckets(replicas)
+        before_cpu = sum(process_cpu_s(pid) for pid in pids)
+        before_db = database_bytes(database_url, home)
+        with self.lock:
+            first_measured = len(self.submitted)
+        self.measuring.set()
+        started = time.monotonic()
+        time.sleep(args.window)  # the measured window, under load
+        self.measuring.clear()
+        elapsed = time.monotonic() - started
+        after_stats = harness.get("/stats").json()
+        after_sched = self._scheduler_buckets(replicas)
+        after_cpu = sum(process_cpu_s(pid) for pid in pids)
+        after_db = database_bytes(database_url, home)
+        with self.lock:
+            measured = list(self.submitted[first_measured:])
+        self.stop.set()
+        for thread in threads:
+            thread.join(timeout=120)
+
+        to_processing = self._to_processing(admin, measured)
+        sched = [
+            (bound, after_sched.get(bound, 0) - before_sched.get(bound, 0))
+            for bound in sorted(after_sched)
+        ]
+        lines = after_stats["lines_acked"] - before_stats["lines_acked"]
+        metrics = after_stats["metrics_acked"] - before_stats["metrics_acked"]
+        scrape_started = time.perf_counter()
+        scrape = admin.get("/metrics")
+        scrape_s = time.perf_counter() - scrape_started
+        figures: dict[str, float | None] = {
+            "jobs stored": float(self.stored + len(self.submitted)),
+            "learners running": float(after_stats["learners"].get("running", 0)),
+            "to PROCESSING p50": quantile(to_processing, 0.5),
+            "to PROCESSING p99": quantile(to_processing, 0.99),
+            "sched pass p50": histogram_quantile(sched, 0.5),
+            "sched pass p99": histogram_quantile(sched, 0.99),
+            "lines/s": lines / elapsed,
+            "metrics/s": metrics / elapsed,
+            "backlog": float(after_stats["backlog_items"]),
+            "report p99 ms": after_stats["post_p99_ms"],
+            "max RSS MiB": max(rss_mib(pid) for pid in pids),
+            "DB MiB per M lines": (after_db - before_db) / 2**20 / (lines / 1e6) if lines else None,
+            "scrape ms": scrape_s * 1000,
+            "scrape KiB": len(scrape.content) / 1024,
+            "CPU s per start": (after_cpu - before_cpu) / len(to_processing)
+            if to_processing
+            else None,
+        }
+        for name, values in self.latency.items():
+            figures[f"{name} p50"] = quantile(values, 0.5)
+            figures[f"{name} p99"] = quantile(values, 0.99)
+        figures["errors"] = float(sum(self.errors.values()))
+        return figures
+
+    def _scheduler_buckets(self, replicas: list[LiveServer]) -> dict[float, float]:
+        buckets: dict[float, float] = {}
+        for replica in replicas:
+            with contextlib.suppress(httpx.HTTPError):
+                page = replica.client.get("/metrics").text
+                for family in text_string_to_metric_families(page):
+                    if family.name != "ffdl_loop_pass_duration_seconds":
+                        continue
+                    for sample in family.samples:
+                        if (
+                            sample.name.endswith("_bucket")
+                            and sample.labels.get("loop") == "scheduler"
+                        ):
+                            bound = float(sample.labels["le"])
+                            buckets[bound] = buckets.get(bound, 0) + sample.value
+        return buckets
+
+    def _to_processing(self, admin: httpx.Client, job_ids: list[str]) -> list[float]:
+        waits = []
+        for job_id in job_ids:
+            model = admin.get(f"/v1/models/{job_id}").json()
+            events = model.get("events") or []
+            submitted = next((e["time"] for e in events if e.get("to") == "QUEUED"), None)
+            processing = next(
+                (
+                    e["time"]
+                    for e in events
+                    if e.get("to") == "PROCESSING" and e.get("learner") is None
+                ),
+                None,
+            )
+            if submitted is not None and processing is not None:
+                waits.append(_stamp(processing) - _stamp(submitted))
+        return waits
+
+    def _lost(self, replica: LiveServer) -> int:
+        """Jobs acknowledged but not stored (each must be there, in whatever status)."""
+        lost = 0
+        for job_id in self.submitted:
+            if replica.client.get(f"/v1/models/{job_id}").status_code != 200:
+                lost += 1
+        return lost
+
+
+def _stamp(value: Any) -> float:
+    return datetime.fromisoformat(str(value).rstrip("Z")).timestamp()
+
+
+def print_runs(runs: list[Run]) -> None:
+    tables = [
+        (
+            "start and scheduling (s)",
+            ["to PROCESSING p50", "to PROCESSING p99", "sched pass p50", "sched pass p99"],
+        ),
+        (
+            "API latency (s)",
+            [
+                f"{n} {q}"
+                for n in ("submit", "list", "list deep", "show", "loglines")
+                for q in ("p50", "p99")
+            ],
+        ),
+        ("reports", ["lines/s", "metrics/s", "backlog", "report p99 ms"]),
+        (
+            "cost",
+            ["max RSS MiB", "DB MiB per M lines", "scrape ms", "scrape KiB", "CPU s per start"],
+        ),
+    ]
+    baseline = runs[0]
+    for title, columns in tables:
+        print(f"\n{title}")
+        header = f"  {'setup':<22} {'nodes':>6} {'jobs':>7} {'learners':>8}"
+        for column in columns:
+            header += f" {column:>17}"
+        print(header)
+        for run in runs:
+            jobs = run.figures.get("jobs stored") or 0
+            learners = run.figures.get("learners running") or 0
+            row = f"  {run.setup.label:<22} {run.nodes:>6} {jobs:>7.0f} {learners:>8.0f}"
+            for column in columns:
+                value = run.figures.get(column)
+                base = baseline.figures.get(column)
+                if value is None:
+                    row += f" {'-':>17}"
+                    continue
+                ratio = f"({value / base:.2f}×)" if base and run is not baseline else ""
+                row += f" {value:>9.3f} {ratio:>7}"
+            print(row)
+    for run in runs:
+        print(
+            f"  {run.setup.label}, {run.nodes} nodes: errors {run.figures.get('errors') or 0:.0f}, "
+            f"jobs lost {run.lost}"
+        )
+
+
+def main() -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="100,1000,10000")
+    parser.add_argument("--stored", default="0,100000")
+    parser.add_argument("--setups", default="sqlite:1,postgres:1,postgres:3")
+    parser.add_argument("--learners", type=int, default=2000)
+    parser.add_argument("--duration", type=float, default=60.0, help="a job's length, seconds")
+    parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument("--lines-per-s", type=float, default=2.0)
+    parser.add_argument("--metrics-per-s", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=1)
+    args, _ = parser.parse_known_args()
+    try:
+        node_counts = [int(n) for n in args.nodes.split(",")]
+        stored_counts = [int(n) for n in args.stored.split(",")]
+        setups = [Setup(s.split(":")[0], int(s.split(":")[1])) for s in args.setups.split(",")]
+    except (ValueError, IndexError):
+        parser.error("--nodes and --stored take numbers, --setups STORE:REPLICAS, comma-separated")
+    for setup in setups:
+        if setup.store not in ("sqlite", "postgres") or setup.replicas < 1:
+            parser.error(f"--setups: unknown store or replica count in {setup}")
+    runs = []
+    for nodes in node_counts:
+        for stored in stored_counts:
+            for setup in setups:
+                print(f"running {setup.label}, {nodes} nodes, {stored} jobs stored ...", flush=True)
+                with tempfile.TemporaryDirectory() as tmp:
+                    runs.append(Fleet(args, setup, nodes, stored).run(Path(tmp)))
+    print(
+        f"\nfleet: {args.learners} learners targeted, jobs of about {args.duration:g} s, "
+        f"{args.lines_per_s:g} lines/s and {args.metrics_per_s:g} metrics/s per learner, "
+        f"{args.window:g} s measured after a {args.duration:g} s ramp"
+    )
+    print_runs(runs)
+    return {"lost": float(sum(run.lost for run in runs))}
+
+
+if __name__ == "__main__":
+    raise SystemExit(1 if main()["lost"] else 0)
