@@ -54,6 +54,7 @@ TENANTS = ("vision", "speech", "nlp", "ads")
 PRIORITIES = (0, 50, 100)
 GPUS_PER_NODE = 8
 SEED_CHUNK = 5000
+LOOPS = ("scheduler", "lcm")
 
 
 @dataclass(frozen=True)
@@ -386,7 +387,7 @@ class Fleet:
         time.sleep(args.duration)  # the ramp: the cluster fills up to its steady state
         harness = httpx.Client(base_url=harness_url, timeout=30)
         before_stats = harness.get("/stats").json()
-        before_sched = self._scheduler_buckets(replicas)
+        before_loops = {loop: self._loop_buckets(replicas, loop) for loop in LOOPS}
         before_cpu = sum(process_cpu_s(pid) for pid in pids)
         before_db = database_bytes(database_url, home)
         with self.lock:
@@ -397,7 +398,7 @@ class Fleet:
         self.measuring.clear()
         elapsed = time.monotonic() - started
         after_stats = harness.get("/stats").json()
-        after_sched = self._scheduler_buckets(replicas)
+        after_loops = {loop: self._loop_buckets(replicas, loop) for loop in LOOPS}
         after_cpu = sum(process_cpu_s(pid) for pid in pids)
         after_db = database_bytes(database_url, home)
         with self.lock:
@@ -407,10 +408,13 @@ class Fleet:
             thread.join(timeout=120)
 
         to_processing = self._to_processing(admin, measured)
-        sched = [
-            (bound, after_sched.get(bound, 0) - before_sched.get(bound, 0))
-            for bound in sorted(after_sched)
-        ]
+        passes = {
+            loop: [
+                (bound, after_loops[loop].get(bound, 0) - before_loops[loop].get(bound, 0))
+                for bound in sorted(after_loops[loop])
+            ]
+            for loop in LOOPS
+        }
         lines = after_stats["lines_acked"] - before_stats["lines_acked"]
         metrics = after_stats["metrics_acked"] - before_stats["metrics_acked"]
         scrape_started = time.perf_counter()
@@ -421,8 +425,11 @@ class Fleet:
             "learners running": float(after_stats["learners"].get("running", 0)),
             "to PROCESSING p50": quantile(to_processing, 0.5),
             "to PROCESSING p99": quantile(to_processing, 0.99),
-            "sched pass p50": histogram_quantile(sched, 0.5),
-            "sched pass p99": histogram_quantile(sched, 0.99),
+            "started/s": len(to_processing) / elapsed,
+            "sched pass p50": histogram_quantile(passes["scheduler"], 0.5),
+            "sched pass p99": histogram_quantile(passes["scheduler"], 0.99),
+            "LCM pass p50": histogram_quantile(passes["lcm"], 0.5),
+            "LCM pass p99": histogram_quantile(passes["lcm"], 0.99),
             "lines/s": lines / elapsed,
             "metrics/s": metrics / elapsed,
             "backlog": float(after_stats["backlog_items"]),
@@ -441,7 +448,7 @@ class Fleet:
         figures["errors"] = float(sum(self.errors.values()))
         return figures
 
-    def _scheduler_buckets(self, replicas: list[LiveServer]) -> dict[float, float]:
+    def _loop_buckets(self, replicas: list[LiveServer], loop: str) -> dict[float, float]:
         buckets: dict[float, float] = {}
         for replica in replicas:
             with contextlib.suppress(httpx.HTTPError):
@@ -450,10 +457,7 @@ class Fleet:
                     if family.name != "ffdl_loop_pass_duration_seconds":
                         continue
                     for sample in family.samples:
-                        if (
-                            sample.name.endswith("_bucket")
-                            and sample.labels.get("loop") == "scheduler"
-                        ):
+                        if sample.name.endswith("_bucket") and sample.labels.get("loop") == loop:
                             bound = float(sample.labels["le"])
                             buckets[bound] = buckets.get(bound, 0) + sample.value
         return buckets
@@ -493,7 +497,15 @@ def print_runs(runs: list[Run]) -> None:
     tables = [
         (
             "start and scheduling (s)",
-            ["to PROCESSING p50", "to PROCESSING p99", "sched pass p50", "sched pass p99"],
+            [
+                "started/s",
+                "to PROCESSING p50",
+                "to PROCESSING p99",
+                "sched pass p50",
+                "sched pass p99",
+                "LCM pass p50",
+                "LCM pass p99",
+            ],
         ),
         (
             "API latency (s)",
