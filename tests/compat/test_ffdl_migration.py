@@ -420,6 +420,7 @@ def test_a_wrong_password_gets_ffdls_answer(live: LiveServer) -> None:
         headers={"X-Watson-Userinfo": f"bluemix-instance-id={USER}"},
     )
     assert alone.status_code == 401
+    assert "use `logs --follow`" in alone.json()["description"]
 
 
 def test_an_unknown_model_is_ffdls_404(ffdl: FfdlClient) -> None:

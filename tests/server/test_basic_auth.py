@@ -289,7 +289,13 @@ def test_x_watson_userinfo_is_ignored_unless_a_trusted_proxy_is_declared(
     live: LiveServer,
 ) -> None:
     forged = {"X-Watson-Userinfo": f"bluemix-instance-id={ADMIN_USER}"}
-    assert_refused(get(live, "/v1/models", forged), "missing credentials")
+    # Refused, saying what happened and what works instead (FfDL's CLI sends only this
+    # header for `logs` without --follow).
+    assert_refused(get(live, "/v1/models", forged), "sent no credentials for this call")
+    answer = get(live, "/v1/logs/training-any/loglines", forged)
+    assert answer.status_code == 401
+    assert "use `logs --follow`" in answer.json()["description"]
+    assert "trusted_proxy" in answer.json()["description"]
     nina = add_user(live, "team-b", "nina")
     assert set_password(live, nina, PASSWORD).status_code == 200
     # FfDL's CLI sends the header along with Basic: it neither refuses nor changes the user.

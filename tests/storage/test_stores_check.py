@@ -246,6 +246,29 @@ def test_an_aliased_endpoint_is_replaced_then_checked_against_the_allow_list(
         allowed_endpoint(listed, "http://10.1.2.3:9000", FIELD)
 
 
+def test_an_alias_keyed_as_the_manifest_writes_the_endpoint_matches_either_way(
+    tmp_path: Path,
+) -> None:
+    # FfDL's tf-model/manifest-for-test.yml says `auth_url: test`.
+    settings = _settings(
+        tmp_path,
+        object_store_endpoint_aliases={"test": "http://127.0.0.1:9000"},
+        object_store_endpoints=["http://127.0.0.1:9000"],
+    )
+    assert allowed_endpoint(settings, "test", FIELD) == "http://127.0.0.1:9000"
+    assert allowed_endpoint(settings, "https://test/", FIELD) == "http://127.0.0.1:9000"
+    keyed_as_url = _settings(
+        tmp_path,
+        object_store_endpoint_aliases={"https://test": "http://127.0.0.1:9000"},
+        object_store_endpoints=["http://127.0.0.1:9000"],
+    )
+    assert allowed_endpoint(keyed_as_url, "test", FIELD) == "http://127.0.0.1:9000"
+    # A name no alias matches is refused, naming the aliases there are.
+    with pytest.raises(StoreError) as caught:
+        allowed_endpoint(settings, "http://10.1.2.3:9000", FIELD)
+    assert "the aliases known are 'test'" in str(caught.value)
+
+
 def test_a_placeholder_endpoint_is_refused_as_written_without_a_lookup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -61,7 +61,7 @@ class SimulatedConfig(BaseModel):
 
     @field_validator("harness_url")
     @classmethod
-    def _loopback_http(cls, value: str) -> str:
+    def _http_url(cls, value: str) -> str:
         parts = urlsplit(value)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"harness_url must be http://HOST:PORT, got {value!r}")

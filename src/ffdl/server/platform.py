@@ -15,6 +15,7 @@ from ffdl.server.leases import LeaseKeeper
 from ffdl.server.passwords import SignIns
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
+from ffdl.server.store.group_commit import GroupCommit
 from ffdl.server.store.transitions import utcnow
 
 log = logging.getLogger("ffdl.server")
@@ -64,6 +65,11 @@ class Platform:
     # When this control plane started (naive UTC, like the store's times): silence is
     # measured from here at the earliest, since no controller could be heard before.
     started_at: datetime = field(default_factory=utcnow)
+    # Learners' report batches, committed together (``ffdl.server.store.group_commit``).
+    report_writes: GroupCommit = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.report_writes = GroupCommit(self.store)
 
     def close(self) -> None:
         """Release the backend and the database once the loops have stopped."""

@@ -5,7 +5,7 @@ Sources, highest first: explicit overrides (CLI flags), ``FFDL_*`` environment v
 config and the optional ``config.yaml`` (e.g. declared virtual nodes).
 
 Backends never read these settings: ``backend_config`` hands the chosen backend its own
-typed configuration (``LocalConfig`` or ``RayConfig``).
+typed configuration (``LocalConfig``, ``RayConfig`` or ``SimulatedSetup``).
 """
 
 from __future__ import annotations

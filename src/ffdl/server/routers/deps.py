@@ -9,7 +9,14 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBasic, HTTPBearer
 from starlette.requests import HTTPConnection
 
-from ffdl.server.auth import USERINFO_HEADER, Principal, authenticate, authenticate_userinfo
+from ffdl.server.auth import (
+    USERINFO_HEADER,
+    Principal,
+    authenticate,
+    authenticate_userinfo,
+    refused,
+)
+from ffdl.server.passwords import BASIC_CHALLENGE
 from ffdl.server.platform import Platform
 
 # Documents the bearer token as the API's security scheme; ``authenticate`` checks it (and
@@ -43,6 +50,18 @@ def get_platform(request: Request) -> Platform:
     return platform
 
 
+# FfDL's CLI sends no credentials for `logs` and `logs --metrics` without `--follow` (its
+# swagger declares those calls `security: []`), only this header, which FfDL's server
+# trusted. Anyone can send it, so it names nobody here unless a trusted proxy set it.
+HEADER_ONLY_REFUSAL = (
+    f"this client sent no credentials for this call, only {USERINFO_HEADER}, which this "
+    "platform does not trust from clients (FfDL's CLI does this for `logs` and `logs "
+    "--metrics` without --follow): use `logs --follow` or `logs --metrics --follow`, ffdl's "
+    "`ffdl loglines`/`ffdl emetrics`, or run the platform behind an authenticating proxy "
+    "with trusted_proxy on"
+)
+
+
 def principal_from_headers(
     platform: Platform, headers: Mapping[str, str], client: str = ""
 ) -> Principal:
@@ -51,10 +70,12 @@ def principal_from_headers(
     With ``trusted_proxy`` on, an ``X-Watson-Userinfo`` header names the caller (the proxy
     has authenticated it); otherwise that header is ignored and ``Authorization`` decides.
     """
+    userinfo = headers.get(USERINFO_HEADER)
     if platform.settings.trusted_proxy:
-        userinfo = headers.get(USERINFO_HEADER)
         if userinfo:
             return authenticate_userinfo(platform.store, userinfo)
+    elif userinfo and not headers.get("authorization"):
+        raise refused(HEADER_ONLY_REFUSAL, BASIC_CHALLENGE)
     return authenticate(
         platform.store, headers.get("authorization"), sign_ins=platform.sign_ins, client=client
     )

@@ -119,82 +119,106 @@ class _Parsed:
 def ingest_reports(
     platform: Platform, job_id: str, learner_index: int, token: str | None, batch: ReportBatch
 ) -> ReportAck:
+    """Store one batch; its acknowledgement once it is committed (with the batches of other
+    learners that arrived with it: ``store/group_commit.py``)."""
     if token is None or not platform.job_tokens.verify(job_id, token):
         raise AuthError("invalid job token")
     bounded_int(learner_index, "learner", 1, MAX_COUNT)
     parsed = _parse_items(batch.items)
+    stored = platform.report_writes.run(
+        job_id,
+        lambda session: _store_batch(session, platform, job_id, learner_index, batch, parsed),
+    )
+    if stored.ack.dropped:
+        log.warning(
+            "dropped %d report items of %s learner %d", stored.ack.dropped, job_id, learner_index
+        )
+    if stored.status_changed:
+        platform.wakeups.notify("lcm", "scheduler", "monitor", "autoscaler")
+    return stored.ack
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    ack: ReportAck
+    status_changed: bool
+
+
+def _store_batch(
+    session: Session,
+    platform: Platform,
+    job_id: str,
+    learner_index: int,
+    batch: ReportBatch,
+    parsed: list[_Parsed],
+) -> _Stored:
     status_changed = False
     dropped = 0
-    with platform.store.write() as session:
-        # The job's row locked first: one job's reports are stored one batch after another
-        # even across replicas, so a batch sent twice is found stored, and the ids of its
-        # log lines, metrics and events grow in commit order (what followers read after).
-        job = session.get(Job, job_id, with_for_update=True)
-        if job is None:
-            raise NotFound(f"no job {job_id!r}")
-        learner = session.scalars(
-            select(Learner).where(
-                Learner.job_id == job_id,
-                Learner.index == learner_index,
-                Learner.attempt == batch.attempt,
-            )
-        ).first()
-        if learner is None:
-            raise NotFound(f"no learner {learner_index} attempt {batch.attempt} in {job_id}")
-        if batch.attempt != job.attempt:
-            raise Gone(f"attempt {batch.attempt} of {job_id} was superseded")
-        fresh = _fresh_items(parsed, learner.report_seq)
-        if is_terminal(JobStatus(job.status)) and (fresh or not _learner_done(learner)):
-            raise Gone(f"{job_id} has ended ({job.status}); it takes no more reports")
-        learner.last_heartbeat = utcnow()
-        logs: list[dict[str, Any]] = []
-        metrics: list[dict[str, Any]] = []
-        progress: list[Report] = []
-        gpu_readings: list[tuple[float, list[dict[str, Any]]]] = []
-        for entry in fresh:
-            item = entry.item
-            if item is None or entry.problem is not None:
-                dropped += 1
-                reason = entry.problem or "malformed"
-                text = f"[ffdl] dropped {entry.kind} (report item {entry.seq}): {reason}"
-                logs.append(_warning_row(job_id, learner_index, batch.attempt, entry.seq, text))
-            elif item.type == "log":
-                logs.append(_log_row(job_id, learner_index, batch.attempt, item))
-            elif item.type == "emetric":
-                metrics.append(_metric_row(job_id, learner_index, batch.attempt, item))
-                progress.append(Report.from_values(item.time, item.iteration, item.values))
-            elif item.type == "gpu":
-                gpu_readings.append((item.time, item.gpus))
-            else:
-                # Keep row order: flush pending lines before a status so a follower never
-                # sees COMPLETED ahead of the last lines.
-                _flush(session, logs, metrics)
-                applied, warning = _apply_status(session, learner, item)
-                status_changed |= applied
-                if warning is not None:
-                    row = _warning_row(job_id, learner_index, batch.attempt, item.seq, warning)
-                    logs.append(row)
-        _flush(session, logs, metrics)
-        record_progress(job, learner_index, batch.attempt, progress)
-        record_gpu_samples(session, job, learner, gpu_readings, platform.settings)
-        if fresh:
-            learner.report_seq = fresh[-1].seq
-        if status_changed:
-            _aggregate(session, job)
-        terminal = is_terminal(JobStatus(job.status))
-        ack = ReportAck(
-            accepted=len(fresh),
-            last_seq=learner.report_seq,
-            halt=job.desired == "halt"
-            or job.status in (JobStatus.HALTING.value, JobStatus.RESCALING.value),
-            cancel=job.desired == "cancel" or (terminal and not _learner_done(learner)),
-            dropped=dropped,
+    # The job's row locked first: one job's reports are stored one batch after another
+    # even across replicas, so a batch sent twice is found stored, and the ids of its
+    # log lines, metrics and events grow in commit order (what followers read after).
+    job = session.get(Job, job_id, with_for_update=True)
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    learner = session.scalars(
+        select(Learner).where(
+            Learner.job_id == job_id,
+            Learner.index == learner_index,
+            Learner.attempt == batch.attempt,
         )
-    if dropped:
-        log.warning("dropped %d report items of %s learner %d", dropped, job_id, learner_index)
+    ).first()
+    if learner is None:
+        raise NotFound(f"no learner {learner_index} attempt {batch.attempt} in {job_id}")
+    if batch.attempt != job.attempt:
+        raise Gone(f"attempt {batch.attempt} of {job_id} was superseded")
+    fresh = _fresh_items(parsed, learner.report_seq)
+    if is_terminal(JobStatus(job.status)) and (fresh or not _learner_done(learner)):
+        raise Gone(f"{job_id} has ended ({job.status}); it takes no more reports")
+    learner.last_heartbeat = utcnow()
+    logs: list[dict[str, Any]] = []
+    metrics: list[dict[str, Any]] = []
+    progress: list[Report] = []
+    gpu_readings: list[tuple[float, list[dict[str, Any]]]] = []
+    for entry in fresh:
+        item = entry.item
+        if item is None or entry.problem is not None:
+            dropped += 1
+            reason = entry.problem or "malformed"
+            text = f"[ffdl] dropped {entry.kind} (report item {entry.seq}): {reason}"
+            logs.append(_warning_row(job_id, learner_index, batch.attempt, entry.seq, text))
+        elif item.type == "log":
+            logs.append(_log_row(job_id, learner_index, batch.attempt, item))
+        elif item.type == "emetric":
+            metrics.append(_metric_row(job_id, learner_index, batch.attempt, item))
+            progress.append(Report.from_values(item.time, item.iteration, item.values))
+        elif item.type == "gpu":
+            gpu_readings.append((item.time, item.gpus))
+        else:
+            # Keep row order: flush pending lines before a status so a follower never
+            # sees COMPLETED ahead of the last lines.
+            _flush(session, logs, metrics)
+            applied, warning = _apply_status(session, learner, item)
+            status_changed |= applied
+            if warning is not None:
+                row = _warning_row(job_id, learner_index, batch.attempt, item.seq, warning)
+                logs.append(row)
+    _flush(session, logs, metrics)
+    record_progress(job, learner_index, batch.attempt, progress)
+    record_gpu_samples(session, job, learner, gpu_readings, platform.settings)
+    if fresh:
+        learner.report_seq = fresh[-1].seq
     if status_changed:
-        platform.wakeups.notify("lcm", "scheduler", "monitor", "autoscaler")
-    return ack
+        _aggregate(session, job)
+    terminal = is_terminal(JobStatus(job.status))
+    ack = ReportAck(
+        accepted=len(fresh),
+        last_seq=learner.report_seq,
+        halt=job.desired == "halt"
+        or job.status in (JobStatus.HALTING.value, JobStatus.RESCALING.value),
+        cancel=job.desired == "cancel" or (terminal and not _learner_done(learner)),
+        dropped=dropped,
+    )
+    return _Stored(ack, status_changed)
 
 
 def _parse_items(raw_items: list[dict[str, Any]]) -> list[_Parsed]:

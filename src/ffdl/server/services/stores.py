@@ -169,7 +169,7 @@ def allowed_endpoint(settings: Settings, endpoint: str | None, field: str) -> st
             "to AWS; an operator allows that with object_store_aws_default)",
         )
     written = endpoint if "://" in endpoint else f"https://{endpoint}"
-    url = _aliased(settings, written)
+    url = _aliased(settings, endpoint, written)
     # Messages quote the endpoint as the manifest wrote it, and where an alias led.
     shown = redact_url(endpoint)
     if url != written:
@@ -191,19 +191,28 @@ def allowed_endpoint(settings: Settings, endpoint: str | None, field: str) -> st
     reason = _not_public(host, port) if settings.object_store_public_endpoints else "not listed"
     if reason is None:
         return url
+    aliases = settings.object_store_endpoint_aliases
+    known = (
+        f"; the aliases known are {', '.join(repr(name) for name in aliases)}"
+        if aliases and url == written
+        else ""
+    )
     raise StoreError(
         field,
         f"{shown!r} is not an endpoint this platform connects to ({reason}); an operator "
-        "allows it with object_store_endpoints in config.yaml",
+        f"allows it with object_store_endpoints in config.yaml{known}",
     )
 
 
-def _aliased(settings: Settings, url: str) -> str:
-    """The endpoint the operator maps ``url`` to (``object_store_endpoint_aliases``), or
-    ``url`` itself; a trailing slash and the case of scheme and host do not matter."""
-    wanted = _endpoint_key(url)
+def _aliased(settings: Settings, as_written: str, url: str) -> str:
+    """The endpoint the operator maps the manifest's endpoint to
+    (``object_store_endpoint_aliases``), or ``url`` itself. An alias key matches the
+    endpoint as the manifest wrote it (``test``) or as a URL (``https://test``), either way
+    round; a trailing slash and the case of scheme and host do not matter."""
+    wanted = {_endpoint_key(as_written), _endpoint_key(url)}
     for named, used in settings.object_store_endpoint_aliases.items():
-        if _endpoint_key(named) == wanted:
+        as_url = named if "://" in named else f"https://{named}"
+        if {_endpoint_key(named), _endpoint_key(as_url)} & wanted:
             return used
     return url
 

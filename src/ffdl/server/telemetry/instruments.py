@@ -20,7 +20,7 @@ from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sqlalchemy import event
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -100,25 +100,30 @@ DATABASE_OUTAGES = Counter(
     registry=REGISTRY,
 )
 
-_PENDING = "ffdl_telemetry_pending"
+# Where a session keeps the observations waiting for its commit (``after_commit``).
+PENDING_OBSERVATIONS = "ffdl_telemetry_pending"
 
 
 def after_commit(session: Session, observe: Callable[[], None]) -> None:
     """Run ``observe`` once ``session``'s transaction commits; never if it rolls back."""
-    session.info.setdefault(_PENDING, []).append(observe)
+    session.info.setdefault(PENDING_OBSERVATIONS, []).append(observe)
 
 
 def _run_pending(session: Session) -> None:
-    for observe in session.info.pop(_PENDING, ()):
+    for observe in session.info.pop(PENDING_OBSERVATIONS, ()):
         observe()
 
 
-def _drop_pending(session: Session, *_: object) -> None:
-    session.info.pop(_PENDING, None)
+def _drop_pending(session: Session, previous: SessionTransaction) -> None:
+    # A savepoint rolled back leaves the transaction around it, and what it will commit:
+    # whoever opened the savepoint drops the observations made inside it
+    # (``store.group_commit``). Only the whole transaction's rollback drops them all.
+    if previous.nested:
+        return
+    session.info.pop(PENDING_OBSERVATIONS, None)
 
 
 event.listen(Session, "after_commit", _run_pending)
-event.listen(Session, "after_rollback", _drop_pending)
 event.listen(Session, "after_soft_rollback", _drop_pending)
 
 
