@@ -189,9 +189,13 @@ class PostgresServer:
 
     def kill(self) -> None:
         """Stop at once, as ``pg_ctl stop -m immediate`` (SIGQUIT): connections drop."""
+        self._end(signal.SIGQUIT)
+
+    def _end(self, sig: signal.Signals) -> None:
+        """Send the server ``sig`` and wait for it to exit (SIGKILL after 30 s)."""
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGQUIT)
+            process.send_signal(sig)
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -288,15 +292,8 @@ class PostgresServer:
         return self.url(name)
 
     def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            # SIGINT: PostgreSQL's fast shutdown (disconnects clients, no checkpoint wait).
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        # SIGINT: PostgreSQL's fast shutdown (disconnects clients, no checkpoint wait).
+        self._end(signal.SIGINT)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> PostgresServer:

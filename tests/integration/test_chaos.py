@@ -7,29 +7,16 @@ controllers and user processes are killed and jobs are halted and resumed.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _chaos_module() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("ffdl_chaos", BENCHMARKS / "chaos.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmark_modules import load_benchmark
 
 
 @pytest.mark.timeout(600)
 def test_a_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
-    chaos = _chaos_module()
+    chaos = load_benchmark("chaos.py")
     settings = chaos.Settings(
         jobs=12,
         clients=3,

@@ -56,7 +56,7 @@ def simulated_config(harness_url: str, **overrides: Any) -> dict[str, Any]:
         "lines_per_s": 5.0,
         "metrics_per_s": 1.0,
         "report_every_s": 0.5,
-        "node_count": 50,
+        "node_count": 64,
         "gpus_per_node": 8,
         "racks": 5,
         **overrides,
@@ -86,14 +86,15 @@ def test_a_few_hundred_simulated_learners_lose_nothing_and_every_job_ends(
         health = server.client.get("/health").json()
         assert health["learners"] == "simulated"
         assert "simulated" in health["warning"]
-        assert len(server.client.get("/v1/nodes").json()["nodes"]) == 50
+        assert len(server.client.get("/v1/nodes").json()["nodes"]) == 64
 
-        sizes = [(1, 1), (1, 4), (2, 8), (4, 2), (1, 8)]
+        # (learners, GPUs each): 208 learners over 80 jobs, all fitting at once.
+        sizes = [(2, 1), (4, 2), (2, 4), (1, 8), (4, 1)]
         jobs = [
             server.submit_ok(manifest(f"sim-{n}", *sizes[n % len(sizes)]), {"x.py": "pass"})
-            for n in range(120)
+            for n in range(80)
         ]
-        learners = sum(sizes[n % len(sizes)][0] for n in range(120))
+        learners = sum(sizes[n % len(sizes)][0] for n in range(80))
         assert learners >= 200
 
         # A simulated learner honours a halt (a rescale is a halt and a new launch too).

@@ -6,26 +6,23 @@ shared one). The long version of the second test is ``make chaos-db``.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ffdl.client.http import ApiError, Client
+from tests.benchmark_modules import load_benchmark
 from tests.integration import views
 from tests.integration.live import FAST_CONFIG, LiveServer, wait_for
 from tests.integration.steps_job import steps_job
 from tests.postgres import PostgresServer
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRAPE_TOKEN = "scrape-token-for-database-faults"
 # Silence past this fails a learner: the outage below lasts longer.
 HEARTBEAT_TIMEOUT_S = 3.0
@@ -161,19 +158,9 @@ def test_an_outage_longer_than_the_heartbeat_timeout_kills_no_job_and_answers_50
         assert "Traceback" not in log and "pass failed" not in log, log[-3000:]
 
 
-def _chaos_module() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("ffdl_chaos_db", BENCHMARKS / "chaos_db.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.timeout(300)
 def test_a_short_database_chaos_run_with_a_failover_loses_nothing(tmp_path: Path) -> None:
-    chaos = _chaos_module()
+    chaos = load_benchmark("chaos_db.py")
     settings = chaos.Settings(
         jobs=5,
         clients=2,

@@ -49,7 +49,8 @@ GAVE_UP = "gave_up"
 
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 2.0
-# Fewer, larger batches keep up with a chatty job: each batch is one commit on the server.
+# Fewer, larger batches keep up with a chatty job: each batch is one write on the server
+# (committed together with other learners' batches that arrive with it).
 BATCH_MAX_ITEMS = 2000
 BATCH_MAX_BYTES = 1024 * 1024
 # How often a producer waiting for room retries the disk (which may have room again).
