@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -29,6 +30,7 @@ from tests.integration.live import (  # noqa: E402
 __all__ = [
     "FAST_CONFIG",
     "LiveServer",
+    "all_models",
     "code_zip",
     "job_pids",
     "manifest_yaml",
@@ -44,6 +46,18 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+def all_models(client: httpx.Client) -> list[dict[str, Any]]:
+    """Every job the platform lists to ``client``, page after page."""
+    models: list[dict[str, Any]] = []
+    while True:
+        response = client.get("/v1/models", params={"limit": 500, "offset": len(models)})
+        response.raise_for_status()
+        page = response.json()
+        models += page["models"]
+        if not page["models"] or len(models) >= page["total"]:
+            return models
 
 
 def median(values: list[float]) -> float:

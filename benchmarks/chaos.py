@@ -39,7 +39,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _server import FAST_CONFIG, LiveServer, code_zip, job_pids, manifest_yaml, median, wait_for
+from _server import (
+    FAST_CONFIG,
+    LiveServer,
+    all_models,
+    code_zip,
+    job_pids,
+    manifest_yaml,
+    median,
+    wait_for,
+)
 
 JOB_SCRIPT = """
 import os, sys, time, uuid
@@ -288,16 +297,7 @@ class Chaos:
         wait_for(all_ended, timeout=max(remaining, 60), interval=1.0, what="every job to end")
 
     def _models(self) -> list[dict[str, Any]]:
-        models: list[dict[str, Any]] = []
-        while True:
-            response = self.server.client.get(
-                "/v1/models", params={"limit": 500, "offset": len(models)}
-            )
-            response.raise_for_status()
-            page = response.json()
-            models += page["models"]
-            if not page["models"] or len(models) >= page["total"]:
-                return models
+        return all_models(self.server.client)
 
     def _collect(self) -> None:
         report = self.report

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _server import FAST_CONFIG, LiveServer, wait_for
+from _server import FAST_CONFIG, LiveServer, all_models, wait_for
 from tests.postgres import USER, PostgresServer
 
 from ffdl.client.http import ApiError, Client
@@ -332,12 +332,7 @@ class DatabaseChaos:
         report = self.report
         replica = self.replicas[0]
         report.acknowledged = len(self.submitted)
-        models: list[dict[str, Any]] = []
-        while True:
-            page = replica.client.get("/v1/models", params={"limit": 500, "offset": len(models)})
-            models += page.json()["models"]
-            if not page.json()["models"] or len(models) >= page.json()["total"]:
-                break
+        models = all_models(replica.client)
         by_name = Counter(str(model["name"]) for model in models)
         report.stored = len(models)
         report.duplicated_jobs = sum(n - 1 for n in by_name.values())

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _server import FAST_CONFIG, LiveServer, code_zip, manifest_yaml, median, wait_for
+from _server import FAST_CONFIG, LiveServer, all_models, code_zip, manifest_yaml, median, wait_for
 from tests.postgres import PostgresServer
 
 JOB_SCRIPT = """
@@ -220,12 +220,7 @@ class ReplicaChaos:
         replica = self.live()[0]
         report = self.report
         report.acknowledged = len(self.submitted)
-        models: list[dict[str, Any]] = []
-        while True:
-            page = replica.client.get("/v1/models", params={"limit": 500, "offset": len(models)})
-            models += page.json()["models"]
-            if not page.json()["models"] or len(models) >= page.json()["total"]:
-                break
+        models = all_models(replica.client)
         by_name: dict[str, int] = {}
         for model in models:
             by_name[model["name"]] = by_name.get(model["name"], 0) + 1
