@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import httpx
+import websocket
 
 from tests.integration.live import LiveServer, manifest_yaml
 
 PRINT_LINES = """
 for i in range(1, 31):
     print(f"line {i}")
+"""
+
+
+# Waits for RESULT_DIR/go, then prints its name and a count, paced so that two jobs'
+# reports reach the database interleaved.
+TWO_AT_ONCE = """
+import os, pathlib, sys, time
+go = pathlib.Path(os.environ["RESULT_DIR"], "go")
+while not go.exists():
+    time.sleep(0.05)
+for i in range(1, 61):
+    print(f"{sys.argv[1]} {i}", flush=True)
+    time.sleep(0.02)
 """
 
 
@@ -157,3 +173,73 @@ def test_list_pages_and_filters(server: LiveServer) -> None:
     deleted = server.client.delete(f"/v1/models/{ids[0]}").json()
     assert deleted["deleted"] is True
     assert server.client.get(f"/v1/models/{ids[0]}").status_code == 404
+
+
+def _streamed_lines(server: LiveServer, job_id: str, since_rindex: int) -> list[dict[str, Any]]:
+    url = f"/v1/models/{job_id}/events/stream"
+    items: list[dict[str, Any]] = []
+    with server.client.stream("GET", url, params={"since_rindex": since_rindex}) as response:
+        kind = ""
+        for raw in response.iter_lines():
+            if raw.startswith("event: "):
+                kind = raw[len("event: ") :]
+            elif raw.startswith("data: ") and kind == "log":
+                items.append(json.loads(raw[len("data: ") :]))
+            elif raw.startswith("data: ") and kind == "end":
+                break
+    return items
+
+
+def _socket_text(server: LiveServer, job_id: str, since_time: str) -> list[str]:
+    ws = websocket.create_connection(
+        f"ws://127.0.0.1:{server.port}/v1/models/{job_id}/logs?since_time={since_time}",
+        header=[f"Authorization: Bearer {server.token}"],
+        subprotocols=["ws"],
+        timeout=60,
+    )
+    received: list[str] = []
+    try:
+        while True:
+            opcode, frame = ws.recv_data(control_frame=True)
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                break
+            if opcode == websocket.ABNF.OPCODE_TEXT:
+                received.append(frame.decode())
+    finally:
+        ws.close()
+    return "".join(received).splitlines()
+
+
+def test_each_job_numbers_its_own_lines_the_same_in_every_view(server: LiveServer) -> None:
+    """Two jobs print at once; each job's lines are 1, 2, 3, ... in pages, counted back,
+    from a stream cursor, and the followed text forms start where they are told."""
+    jobs = {
+        name: server.submit_ok(manifest_yaml(f"python two.py {name}"), {"two.py": TWO_AT_ONCE})
+        for name in ("left", "right")
+    }
+    for job_id in jobs.values():
+        server.wait_status(job_id, {"PROCESSING"})
+    for job_id in jobs.values():
+        (Path(server.model(job_id)["results"]["location"]) / "go").write_text("")
+    for job_id in jobs.values():
+        server.wait_status(job_id, {"COMPLETED"})
+
+    for name, job_id in jobs.items():
+        everything = server.loglines(job_id)
+        texts = [item["line"] for item in everything]
+        assert [t for t in texts if t.startswith(name)] == [f"{name} {i}" for i in range(1, 61)]
+        assert [item["meta"]["rindex"] for item in everything] == list(range(1, len(texts) + 1))
+        page = server.loglines(job_id, pos=10, pagesize=5)
+        assert [item["meta"]["rindex"] for item in page] == [11, 12, 13, 14, 15]
+        back = server.loglines(job_id, since_time="-5")
+        assert [item["meta"]["rindex"] for item in back] == list(
+            range(len(texts) - 4, len(texts) + 1)
+        )
+        streamed = _streamed_lines(server, job_id, since_rindex=20)
+        assert [item["meta"]["rindex"] for item in streamed] == list(range(21, len(texts) + 1))
+        assert [item["line"] for item in streamed] == texts[20:]
+        followed = server.client.get(
+            f"/v1/models/{job_id}/logs", params={"follow": "true", "since_time": "-7"}
+        )
+        assert followed.text.splitlines() == texts[-7:]
+        assert _socket_text(server, job_id, "-7") == texts[-7:]

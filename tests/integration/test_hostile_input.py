@@ -167,8 +167,8 @@ def test_report_json_with_nan_in_a_stored_metric_never_breaks_emetrics(
     # A value stored before the report checks existed; the endpoint must still answer.
     with sqlite3.connect(server.home / "ffdl.db") as connection:
         connection.execute(
-            'INSERT INTO metrics (job_id, learner, attempt, seq, "group", iteration, '
-            "\"values\", time) VALUES (?, 1, 99, 1, 'train', 1, ?, ?)",
+            'INSERT INTO metrics (job_id, learner, attempt, seq, number, "group", iteration, '
+            "\"values\", time) VALUES (?, 1, 99, 1, 1, 'train', 1, ?, ?)",
             (finished_job, json.dumps({"loss": float("nan"), "acc": 0.5}), float("inf")),
         )
     response = server.client.get(f"/v1/logs/{finished_job}/emetrics")

@@ -33,12 +33,19 @@ from tests.postgres import free_port
 from tests.server.factories import database_url, on_both_databases
 
 # Every revision after the first, in order: what a store made at the first one still needs.
-LATER_REVISIONS = ["0002", "0003", "0004"]
+LATER_REVISIONS = ["0002", "0003", "0004", "0005"]
 ALL_REVISIONS = [INITIAL_REVISION, *LATER_REVISIONS]
 
 AT = datetime(2024, 5, 6, 7, 8, 9, 123456)  # naive UTC, with microseconds
 MANIFEST = {"name": "mnist", "learners": 2, "framework": {"name": "custom", "command": "x"}}
 
+INTERLEAVED_LINES = [
+    (1, "training-one"),
+    (1, "training-two"),
+    (2, "training-one"),
+    (2, "training-two"),
+    (3, "training-one"),
+]
 # One or more rows for every table of the first revision, as plain column values (the
 # tables are read from the database, so this keeps working when the models move on).
 FIRST_REVISION_ROWS: dict[str, list[dict[str, Any]]] = {
@@ -159,9 +166,10 @@ FIRST_REVISION_ROWS: dict[str, list[dict[str, Any]]] = {
         for i in (1, 2)
     ],
     "node_states": [{"name": "a", "drained": True, "reason": "maintenance", "changed_at": AT}],
+    # Two jobs' lines interleaved, as concurrent jobs store them.
     "log_lines": [
         {
-            "job_id": "training-one",
+            "job_id": job,
             "learner": 1,
             "attempt": 1,
             "seq": i,
@@ -169,7 +177,7 @@ FIRST_REVISION_ROWS: dict[str, list[dict[str, Any]]] = {
             "text": f"line {i} ✓",
             "time": 1715000000.25 + i,
         }
-        for i in range(1, 4)
+        for i, job in INTERLEAVED_LINES
     ],
     "metrics": [
         {
@@ -236,7 +244,9 @@ def _rows(
 def _as_before(
     after: dict[str, list[dict[str, Any]]], before: dict[str, list[dict[str, Any]]]
 ) -> dict[str, list[dict[str, Any]]]:
-    """``after`` without the columns later revisions added, which must all be empty."""
+    """``after`` without the columns later revisions added, which must all be empty but
+    the numbers of each job's log lines and metrics (revision 0005), checked here."""
+    _check_numbers(after)
     kept: dict[str, list[dict[str, Any]]] = {}
     for name, rows in after.items():
         columns = set(before[name][0])
@@ -245,6 +255,21 @@ def _as_before(
             assert all(value is None for value in added.values()), (name, added)
         kept[name] = [{key: row[key] for key in row if key in columns} for row in rows]
     return kept
+
+
+def _check_numbers(after: dict[str, list[dict[str, Any]]]) -> None:
+    """Each job's records numbered 1, 2, 3, ... in the order stored (their ids), and each
+    job's counters at its last number; the columns are then dropped from ``after``."""
+    last: dict[tuple[str, str], int] = {}
+    for table, counter in (("log_lines", "last_line_number"), ("metrics", "last_metric_number")):
+        numbers: dict[str, list[int]] = {}
+        for row in sorted(after.get(table, []), key=lambda row: row["id"]):
+            numbers.setdefault(row["job_id"], []).append(row.pop("number"))
+        for job, given in numbers.items():
+            assert given == list(range(1, len(given) + 1)), (table, job, given)
+            last[(job, counter)] = len(given)
+        for job_row in after.get("jobs", []):
+            assert job_row.pop(counter) == last.get((job_row["id"], counter), 0)
 
 
 def _differences(store: Store) -> list[Any]:

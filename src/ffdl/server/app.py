@@ -53,6 +53,7 @@ from ffdl.server.settings import Settings
 from ffdl.server.store.availability import DatabaseAway, DatabaseFull, fault_of, first_line
 from ffdl.server.store.db import Store, StoreUnavailable
 from ffdl.server.telemetry.middleware import RequestTiming
+from ffdl.server.wakeup_relay import WakeupRelay
 
 log = logging.getLogger("ffdl.server")
 
@@ -124,7 +125,23 @@ async def keep_leases(keeper: LeaseKeeper, platform: Platform) -> None:
         except Exception:
             log.exception("renewing the loop leases failed")
             continue
-        platform.wakeups.notify(*taken)
+        # Only here: the other replicas do not lead these loops.
+        platform.wakeups.notify_here(*taken)
+
+
+def _start_relay(platform: Platform) -> WakeupRelay | None:
+    """Relay wake-ups between the replicas of a shared PostgreSQL database; SQLite has
+    one replica (its pool workers share a file, not a channel)."""
+    if platform.store.dialect != "postgresql" or platform.keeper is None:
+        return None
+    relay = WakeupRelay(
+        platform.store,
+        platform.keeper.replica_id,
+        lambda names: platform.wakeups.notify_here(*names),
+    )
+    relay.start()
+    platform.wakeups.relay_to(relay.publish)
+    return relay
 
 
 def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
@@ -134,6 +151,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         platform.wakeups.bind(asyncio.get_running_loop())
         keeper = platform.keeper
+        relay = _start_relay(platform)
         if keeper is not None:
             # Take the leases that are free before the loops start, so that a lone
             # replica runs its loops from its first turn.
@@ -166,6 +184,9 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if relay is not None:
+                platform.wakeups.relay_to(None)
+                await asyncio.to_thread(relay.stop)
             if keeper is not None:
                 try:
                     # Handed back at once: another replica takes the loops over without

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -28,6 +29,7 @@ class Wakeups:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: dict[str, asyncio.Event] = {}
         self._lock = threading.Lock()
+        self._publish: Callable[[Iterable[str]], None] | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -36,7 +38,20 @@ class Wakeups:
         with self._lock:
             return self._events.setdefault(name, asyncio.Event())
 
+    def relay_to(self, publish: Callable[[Iterable[str]], None] | None) -> None:
+        """Also send every wake-up to the other replicas through ``publish``
+        (``ffdl.server.wakeup_relay``); None stops that."""
+        self._publish = publish
+
     def notify(self, *names: str) -> None:
+        """Wake loops ``names`` here and, with a relay, on every other replica."""
+        publish = self._publish
+        if publish is not None and names:
+            publish(names)
+        self.notify_here(*names)
+
+    def notify_here(self, *names: str) -> None:
+        """Wake loops ``names`` in this process only."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return

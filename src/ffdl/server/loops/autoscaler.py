@@ -64,7 +64,7 @@ _GRADIENT_WINDOW = 20
 class _Learned:
     """Throughput observations of one job, kept across passes."""
 
-    last_metric_id: int = 0
+    last_metric_number: int = 0
     last_point: tuple[float, float] | None = None  # (time, cumulative samples)
     observations: list[StepObservation] = field(default_factory=list)
     model: ThroughputModel = field(default_factory=prior)
@@ -217,21 +217,21 @@ class AutoscalerLoop:
         """Turn new cumulative sample counts into step-time observations and refit."""
         learned = self._learned.setdefault(job.id, _Learned())
         rows = session.execute(
-            select(Metric.id, Metric.time, Metric.values, Metric.attempt)
+            select(Metric.number, Metric.time, Metric.values, Metric.attempt)
             .where(
                 Metric.job_id == job.id,
-                Metric.id > learned.last_metric_id,
+                Metric.number > learned.last_metric_number,
                 Metric.group == "train",
                 Metric.learner == 1,
             )
-            .order_by(Metric.id)
+            .order_by(Metric.number)
         ).all()
         batch = job.batch_size
         gpus = job.gpus * job.learners
         nodes = len(Placement.from_json(job.placement or []).nodes) or 1
         added = False
         for row in rows:
-            learned.last_metric_id = row.id
+            learned.last_metric_number = row.number
             samples = row.values.get("samples")
             if row.attempt != job.attempt or samples is None:
                 learned.last_point = None

@@ -68,7 +68,7 @@ async def stream_events(
     await asyncio.to_thread(check)
 
     async def frames() -> AsyncIterator[str]:
-        cursor = Cursor(log_id=since_rindex)
+        cursor = Cursor(line=since_rindex)
         async for batch in follow(platform, model_id, cursor, keepalive_s=_KEEPALIVE_S):
             if batch.empty and batch.ended is None:
                 yield ": keep-alive\n\n"

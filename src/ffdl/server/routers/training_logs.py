@@ -78,7 +78,7 @@ def _start(
     with platform.store.read() as session:
         job = load_job(session, principal, model_id)
         first = first_row_at(session, model, job.id, since)
-    return Cursor(log_id=first) if model is LogLine else Cursor(metric_id=first)
+    return Cursor(line=first) if model is LogLine else Cursor(metric=first)
 
 
 async def _batches(

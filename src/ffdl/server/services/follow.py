@@ -1,6 +1,7 @@
 """Following a job as it runs: its new log lines, metrics and status events, until it stops.
 
-One poll reads what was recorded after a :class:`Cursor` (log line, metric and event ids)
+One poll reads what was recorded after a :class:`Cursor` (log line and metric numbers, event
+ids)
 and moves the cursor past it; :func:`follow` repeats that until the job is terminal or
 HALTED and everything it wrote has been read. Every live view of a job is built on it: the
 Server-Sent Events stream, FfDL's log and metrics websockets and their streamed HTTP form.
@@ -32,10 +33,11 @@ PLATFORM_STREAM = "ffdl"
 
 @dataclass
 class Cursor:
-    """The last log line, metric and job event already delivered (ids; 0 for none)."""
+    """The last log line, metric (their numbers in the job) and job event (its id) already
+    delivered; 0 for none."""
 
-    log_id: int = 0
-    metric_id: int = 0
+    line: int = 0
+    metric: int = 0
     event_id: int = 0
 
 
@@ -108,13 +110,13 @@ def poll(platform: Platform, job_id: str, cursor: Cursor, wanted: Wanted = Wante
                 )
             )
         if wanted.lines:
-            batch.lines = lines_after(session, job_id, cursor.log_id, BATCH)
+            batch.lines = lines_after(session, job_id, cursor.line, BATCH)
         if wanted.metrics:
-            batch.metrics = metrics_after(session, job_id, cursor.metric_id, BATCH)
+            batch.metrics = metrics_after(session, job_id, cursor.metric, BATCH)
     if batch.lines:
-        cursor.log_id = batch.lines[-1].id
+        cursor.line = batch.lines[-1].number
     if batch.metrics:
-        cursor.metric_id = batch.metrics[-1].id
+        cursor.metric = batch.metrics[-1].number
     if batch.events:
         cursor.event_id = batch.events[-1].id
     batch.drained = len(batch.lines) < BATCH and len(batch.metrics) < BATCH

@@ -9,8 +9,9 @@ Paging follows FfDL's training-data service:
 - ``since_time`` keeps records at or after a time (epoch milliseconds or ISO 8601/RFC 3339);
   a negative integer ``-N`` instead starts the page ``N`` records before the end.
 
-Records come oldest first. ``meta.rindex`` is the record's stable, increasing index (usable
-to resume a stream), ``meta.time`` its epoch milliseconds.
+Records come oldest first. ``meta.rindex`` is the record's number in its job: a job's log
+lines count 1, 2, 3, ... and so do its metrics (``record_numbers``), whichever replica
+stored them; it resumes a stream. ``meta.time`` is its epoch milliseconds.
 
 Every number from the query is range-checked before it reaches SQLite (a 400 naming the
 field, never an overflow), and every stored number is rendered defensively: a value that
@@ -103,22 +104,45 @@ def _check_pos(pos: int | None) -> int:
 def _window(
     session: Session, model: Any, job_id: str, since: Since, pos: int | None, size: int
 ) -> list[Any]:
-    condition = [model.job_id == job_id]
-    if since.time is not None:
-        condition.append(model.time >= since.time)
     offset = _check_pos(pos)
-    if since.back is not None or offset < 0:
-        total = int(session.scalar(select(func.count()).select_from(model).where(*condition)) or 0)
-        if since.back is not None:
-            offset = max(total - since.back, 0)
-        else:
-            # FfDL's backward page: it ends at the (-pos)-th record from the end.
-            end = total - (-offset - 1)
-            offset = max(end - size, 0)
-            size = max(end - offset, 0)
+    if since.time is not None:
+        return _window_from(session, model, job_id, since.time, offset, size)
+    # A job's records are numbered 1, 2, 3, ... without gaps, so a position is a number:
+    # each page is one range read on (job_id, number), however deep it is.
+    last = int(session.scalar(select(func.max(model.number)).where(model.job_id == job_id)) or 0)
+    if since.back is not None:
+        start = max(last - since.back, 0)
+    elif offset < 0:
+        # FfDL's backward page: it ends at the (-pos)-th record from the end.
+        end = last - (-offset - 1)
+        start = max(end - size, 0)
+        size = max(end - start, 0)
+    else:
+        start = offset
     if size == 0:
         return []
-    query = select(model).where(*condition).order_by(model.id).offset(offset).limit(size)
+    query = (
+        select(model)
+        .where(model.job_id == job_id, model.number > start)
+        .order_by(model.number)
+        .limit(size)
+    )
+    return list(session.scalars(query))
+
+
+def _window_from(
+    session: Session, model: Any, job_id: str, since: float, offset: int, size: int
+) -> list[Any]:
+    """A page of the records at or after ``since`` (epoch seconds)."""
+    condition = [model.job_id == job_id, model.time >= since]
+    if offset < 0:
+        total = int(session.scalar(select(func.count()).select_from(model).where(*condition)) or 0)
+        end = total - (-offset - 1)
+        offset = max(end - size, 0)
+        size = max(end - offset, 0)
+    if size == 0:
+        return []
+    query = select(model).where(*condition).order_by(model.number).offset(offset).limit(size)
     return list(session.scalars(query))
 
 
@@ -134,7 +158,7 @@ def _meta(job: Job, row: Any) -> dict[str, Any]:
         "training_id": job.id,
         "user_id": job.user_id,
         "time": millis(row.time),
-        "rindex": row.id,
+        "rindex": row.number,
         "learner": row.learner,
     }
 
@@ -216,55 +240,53 @@ def emetrics(
     return [metric_item(job, row) for row in rows]
 
 
-def _row_id(after_id: int) -> int:
-    # Ids are positive 64-bit integers: a larger cursor is past every row, not an overflow.
-    return min(max(after_id, -1), MAX_INT64)
+def _cursor(after: int) -> int:
+    # Numbers are positive 64-bit integers: a larger cursor is past every record, not an
+    # overflow.
+    return min(max(after, -1), MAX_INT64)
 
 
-def lines_after(session: Session, job_id: str, after_id: int, limit: int) -> list[LogLine]:
-    after_id = _row_id(after_id)
+def lines_after(session: Session, job_id: str, after: int, limit: int) -> list[LogLine]:
+    """The job's log lines numbered after ``after``, in order, at most ``limit``."""
     return list(
         session.scalars(
             select(LogLine)
-            .where(LogLine.job_id == job_id, LogLine.id > after_id)
-            .order_by(LogLine.id)
+            .where(LogLine.job_id == job_id, LogLine.number > _cursor(after))
+            .order_by(LogLine.number)
             .limit(limit)
         )
     )
 
 
-def metrics_after(session: Session, job_id: str, after_id: int, limit: int) -> list[Metric]:
-    after_id = _row_id(after_id)
+def metrics_after(session: Session, job_id: str, after: int, limit: int) -> list[Metric]:
+    """The job's metrics numbered after ``after``, in order, at most ``limit``."""
     return list(
         session.scalars(
             select(Metric)
-            .where(Metric.job_id == job_id, Metric.id > after_id)
-            .order_by(Metric.id)
+            .where(Metric.job_id == job_id, Metric.number > _cursor(after))
+            .order_by(Metric.number)
             .limit(limit)
         )
     )
 
 
 def first_row_at(session: Session, model: Any, job_id: str, since: Since) -> int:
-    """The id just before the first record a follow from ``since`` delivers (a cursor)."""
+    """The number just before the first record a follow from ``since`` delivers (a cursor)."""
     condition = [model.job_id == job_id]
     if since.back is not None:
-        total = int(session.scalar(select(func.count()).select_from(model).where(*condition)) or 0)
-        skip = max(total - since.back, 0)
-        if skip == 0:
-            return 0
-        row = session.scalar(
-            select(model.id).where(*condition).order_by(model.id).offset(skip - 1).limit(1)
-        )
-        return int(row or 0)
+        newest = session.scalar(select(func.max(model.number)).where(*condition))
+        return max(int(newest or 0) - since.back, 0)
     if since.time is None:
         return 0
     row = session.scalar(
-        select(model.id).where(*condition, model.time >= since.time).order_by(model.id).limit(1)
+        select(model.number)
+        .where(*condition, model.time >= since.time)
+        .order_by(model.number)
+        .limit(1)
     )
     if row is None:
         # Nothing from then yet: only records that arrive later.
-        last = session.scalar(select(func.max(model.id)).where(*condition))
+        last = session.scalar(select(func.max(model.number)).where(*condition))
         return int(last or 0)
     return int(row) - 1
 

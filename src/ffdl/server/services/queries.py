@@ -204,7 +204,7 @@ def model_summary(job: Job) -> dict[str, Any]:
 def latest_metrics(session: Session, job: Job) -> list[dict[str, Any]]:
     """FfDL's ``metrics`` summary of a model: its latest metrics record, if any."""
     row = session.scalar(
-        select(Metric).where(Metric.job_id == job.id).order_by(Metric.id.desc()).limit(1)
+        select(Metric).where(Metric.job_id == job.id).order_by(Metric.number.desc()).limit(1)
     )
     return [] if row is None else [metric_data(row)]
 

@@ -54,6 +54,7 @@ from ffdl.server.services.aggregate import aggregate_job
 from ffdl.server.services.gpu_samples import gpu_item_problem, record_gpu_samples
 from ffdl.server.services.progress import record_progress
 from ffdl.server.services.queries import current_learners
+from ffdl.server.services.record_numbers import number_lines, number_metrics
 from ffdl.server.store.models import Job, Learner, LogLine, Metric
 from ffdl.server.store.transitions import set_learner_status, utcnow
 
@@ -155,8 +156,9 @@ def _store_batch(
     status_changed = False
     dropped = 0
     # The job's row locked first: one job's reports are stored one batch after another
-    # even across replicas, so a batch sent twice is found stored, and the ids of its
-    # log lines, metrics and events grow in commit order (what followers read after).
+    # even across replicas, so a batch sent twice is found stored, and the numbers of its
+    # log lines and metrics (and the ids of its events) grow in commit order (what
+    # followers read after).
     job = session.get(Job, job_id, with_for_update=True)
     if job is None:
         raise NotFound(f"no job {job_id!r}")
@@ -196,13 +198,13 @@ def _store_batch(
         else:
             # Keep row order: flush pending lines before a status so a follower never
             # sees COMPLETED ahead of the last lines.
-            _flush(session, logs, metrics)
+            _flush(session, job, logs, metrics)
             applied, warning = _apply_status(session, learner, item)
             status_changed |= applied
             if warning is not None:
                 row = _warning_row(job_id, learner_index, batch.attempt, item.seq, warning)
                 logs.append(row)
-    _flush(session, logs, metrics)
+    _flush(session, job, logs, metrics)
     record_progress(job, learner_index, batch.attempt, progress)
     record_gpu_samples(session, job, learner, gpu_readings, platform.settings)
     if fresh:
@@ -307,11 +309,15 @@ def _aggregate(session: Session, job: Job) -> None:
         log.warning("reports of %s: job status not updated: %s", job.id, exc)
 
 
-def _flush(session: Session, logs: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> None:
+def _flush(
+    session: Session, job: Job, logs: list[dict[str, Any]], metrics: list[dict[str, Any]]
+) -> None:
     if logs:
+        number_lines(job, logs)
         session.execute(insert(LogLine), logs)
         logs.clear()
     if metrics:
+        number_metrics(job, metrics)
         session.execute(insert(Metric), metrics)
         metrics.clear()
 

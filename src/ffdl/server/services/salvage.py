@@ -26,7 +26,8 @@ from ffdl.core.limits import MAX_LOG_TEXT
 from ffdl.core.status import TERMINAL_LEARNER_STATES, LearnerStatus
 from ffdl.learner.output import OUTPUT_RECORD
 from ffdl.server.platform import Platform
-from ffdl.server.store.models import Learner, LogLine
+from ffdl.server.services.record_numbers import number_lines
+from ffdl.server.store.models import Job, Learner, LogLine
 
 log = logging.getLogger("ffdl.server.salvage")
 
@@ -60,6 +61,9 @@ def salvage_output(
     if not records:
         return 0
     with platform.store.write() as session:
+        job = session.get(Job, job_id, with_for_update=True)
+        if job is None:
+            return 0
         learner = session.scalars(
             select(Learner).where(
                 Learner.job_id == job_id, Learner.index == index, Learner.attempt == attempt
@@ -95,6 +99,7 @@ def salvage_output(
         )
         seq += 1
         rows.append(_row(job_id, index, attempt, seq, "ffdl", note, now))
+        number_lines(job, rows)
         session.execute(insert(LogLine), rows)
         learner.report_seq = seq
     log.info("recovered %d lines of %s learner %d attempt %d", len(missing), job_id, index, attempt)

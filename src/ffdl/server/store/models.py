@@ -135,6 +135,10 @@ class Job(Base):
     # Automatic restarts (``services/restarts.py``): how many this run of the job has taken
     # (None in older databases: none), and the end of the back-off before the next attempt.
     restarts: Mapped[int | None] = mapped_column(Integer, default=0)
+    # The numbers last given to the job's log lines and metrics: each job counts its own
+    # from 1 (FfDL's rindex), under the job's row lock that its reports already take.
+    last_line_number: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_metric_number: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     not_before: Mapped[datetime | None] = mapped_column(default=None)
     submitted_at: Mapped[datetime]
     started_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -215,11 +219,13 @@ class LogLine(Base):
     learner: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer)
     seq: Mapped[int] = mapped_column(Integer)
+    # The line's place in its job's log, from 1 (``meta.rindex``; cursors of followers).
+    number: Mapped[int] = mapped_column(Integer)
     stream: Mapped[str] = mapped_column(String(8))
     text: Mapped[str] = mapped_column(Text)
     time: Mapped[float] = mapped_column(Float)
     __table_args__ = (
-        Index("ix_log_lines_job", "job_id", "id"),
+        Index("ux_log_lines_job_number", "job_id", "number", unique=True),
         UniqueConstraint("job_id", "learner", "attempt", "seq"),
     )
 
@@ -235,8 +241,10 @@ class Metric(Base):
     iteration: Mapped[int | None] = mapped_column(Integer, default=None)
     values: Mapped[dict[str, Any]]
     time: Mapped[float] = mapped_column(Float)
+    # The record's place among its job's metrics, from 1 (as ``LogLine.number``).
+    number: Mapped[int] = mapped_column(Integer)
     __table_args__ = (
-        Index("ix_metrics_job", "job_id", "id"),
+        Index("ux_metrics_job_number", "job_id", "number", unique=True),
         UniqueConstraint("job_id", "learner", "attempt", "seq"),
     )
 
