@@ -51,13 +51,15 @@ def percentile(values: list[float], q: float) -> float:
 def all_models(client: httpx.Client) -> list[dict[str, Any]]:
     """Every job the platform lists to ``client``, page after page."""
     models: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"limit": 500}
     while True:
-        response = client.get("/v1/models", params={"limit": 500, "offset": len(models)})
+        response = client.get("/v1/models", params=params)
         response.raise_for_status()
         page = response.json()
         models += page["models"]
-        if not page["models"] or len(models) >= page["total"]:
+        if "next" not in page:
             return models
+        params["after"] = page["next"]
 
 
 def median(values: list[float]) -> float:

@@ -328,9 +328,19 @@ class Client:
         raise AssertionError("unreachable")  # the loop returns or raises
 
     def list_models(
-        self, status: str | None = None, limit: int = 100, offset: int = 0
+        self,
+        status: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        after: str | None = None,
     ) -> dict[str, Any]:
-        params: dict[str, str | int] = {"limit": limit, "offset": offset}
+        """A page of models, newest first; its ``next`` (absent on the last page) is the
+        ``after`` of the page that follows."""
+        params: dict[str, str | int] = {"limit": limit}
+        if after is not None:
+            params["after"] = after
+        else:
+            params["offset"] = offset
         if status:
             params["status"] = status
         return self._json("GET", "/v1/models", params=params)

@@ -23,7 +23,13 @@ from ffdl.server.routers.ffdl_params import FFDL_QUERY
 from ffdl.server.routers.responses import AUTHENTICATED, download, errors, header
 from ffdl.server.services import control
 from ffdl.server.services.gpu_samples import gpu_series
-from ffdl.server.services.queries import list_jobs, load_job, model_detail, model_summary
+from ffdl.server.services.queries import (
+    list_jobs,
+    load_job,
+    model_detail,
+    model_summary,
+    page_cursor,
+)
 from ffdl.server.services.submit import submit_job
 
 router = APIRouter(
@@ -107,10 +113,20 @@ def get_models(
     status: str | None = None,
     limit: Annotated[int, Query()] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
+    after: Annotated[
+        str | None,
+        Query(description="the `next` of the page before: the page after it, at any depth"),
+    ] = None,
 ) -> dict[str, Any]:
+    """The caller's models, newest first. `next` (absent on the last page) pages on."""
     with platform.store.read() as session:
-        jobs, total = list_jobs(session, principal, status=status, limit=limit, offset=offset)
-        return {"models": [model_summary(job) for job in jobs], "total": total}
+        jobs, total = list_jobs(
+            session, principal, status=status, limit=limit, offset=offset, after=after
+        )
+        body: dict[str, Any] = {"models": [model_summary(job) for job in jobs], "total": total}
+        if len(jobs) == limit:
+            body["next"] = page_cursor(jobs[-1])
+        return body
 
 
 @router.get("/{model_id}", responses=errors(404))

@@ -11,11 +11,12 @@ FfDL declared as a string is left out rather than sent as ``null``.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import BadRequest, NotFound
@@ -30,6 +31,7 @@ from ffdl.server.store.models import Event, Job, Learner, Metric
 
 # Beyond this an offset only pages past every job; far larger ones overflow the database.
 MAX_OFFSET = 1_000_000_000
+MAX_CURSOR = 200
 # Statuses in which an attempt is over (besides going back to the queue).
 _ATTEMPT_ENDS = TERMINAL_JOB_STATES | {JobStatus.HALTED}
 
@@ -64,29 +66,68 @@ def current_learners(session: Session, job: Job) -> list[Learner]:
 
 
 def list_jobs(
-    session: Session, principal: Principal, *, status: str | None, limit: int, offset: int
+    session: Session,
+    principal: Principal,
+    *,
+    status: str | None,
+    limit: int,
+    offset: int,
+    after: str | None = None,
 ) -> tuple[list[Job], int]:
+    """A page of the caller's jobs, newest first, and how many there are in all.
+
+    ``after`` (the ``next`` of the page before) starts the page just after that job: a
+    range read on the jobs' (submitted, id) order however deep the page is, where
+    ``offset`` must count past every job before it.
+    """
     if not 1 <= limit <= 1000:
         raise BadRequest("limit must be between 1 and 1000", detail={"field": "limit"})
     if not 0 <= offset <= MAX_OFFSET:
         raise BadRequest(f"offset must be between 0 and {MAX_OFFSET}", detail={"field": "offset"})
-    query = select(Job)
-    count = select(func.count()).select_from(Job)
+    if after is not None and offset:
+        raise BadRequest("give after or offset, not both", detail={"field": "after"})
+    conditions = []
     if not principal.is_platform_admin:
-        query = query.where(Job.tenant_id == principal.tenant_id)
-        count = count.where(Job.tenant_id == principal.tenant_id)
+        conditions.append(Job.tenant_id == principal.tenant_id)
     if status is not None:
         try:
             value = JobStatus(status.upper()).value
         except ValueError as exc:
             raise BadRequest(f"unknown status {status!r}", detail={"field": "status"}) from exc
-        query = query.where(Job.status == value)
-        count = count.where(Job.status == value)
+        conditions.append(Job.status == value)
+    total = session.scalar(select(func.count()).select_from(Job).where(*conditions)) or 0
+    if after is not None:
+        submitted, job_id = parse_page_cursor(after)
+        conditions.append(tuple_(Job.submitted_at, Job.id) < tuple_(submitted, job_id))
     jobs = session.scalars(
-        query.order_by(Job.submitted_at.desc(), Job.id.desc()).limit(limit).offset(offset)
+        select(Job)
+        .where(*conditions)
+        .order_by(Job.submitted_at.desc(), Job.id.desc())
+        .limit(limit)
+        .offset(offset)
     ).all()
-    total = session.scalar(count) or 0
     return list(jobs), int(total)
+
+
+def page_cursor(job: Job) -> str:
+    """Where the page after ``job`` starts (``after``): opaque to clients."""
+    text = f"{job.submitted_at.isoformat()}|{job.id}"
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def parse_page_cursor(after: str) -> tuple[datetime, str]:
+    refused = BadRequest(
+        "after must be the next of a page of models, as the server gave it",
+        detail={"field": "after"},
+    )
+    if len(after) > MAX_CURSOR:
+        raise refused
+    try:
+        text = base64.urlsafe_b64decode(after + "=" * (-len(after) % 4)).decode()
+        stamp, job_id = text.split("|", 1)
+        return datetime.fromisoformat(stamp), job_id
+    except ValueError:
+        raise refused from None
 
 
 def _data_stores(manifest: dict[str, Any]) -> list[dict[str, Any]]:

@@ -146,6 +146,8 @@ class Job(Base):
     status_changed_at: Mapped[datetime]
     __table_args__ = (
         Index("ix_jobs_tenant_submitted", "tenant_id", "submitted_at"),
+        # The list's order over every tenant (a platform admin's pages).
+        Index("ix_jobs_submitted_id", "submitted_at", "id"),
         # Counting jobs by tenant and status (``/metrics``) reads this index alone.
         Index("ix_jobs_tenant_status", "tenant_id", "status"),
     )

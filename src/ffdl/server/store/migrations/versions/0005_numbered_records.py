@@ -1,5 +1,5 @@
 """Per-job numbers of log lines and metrics: each job's records count 1, 2, 3, ... as
-FfDL's did, instead of sharing row ids across jobs.
+FfDL's did, instead of sharing row ids across jobs; jobs indexed in the list's order.
 
 Existing rows are numbered in the order they were stored (their ids), job by job, and each
 job's counters start after its last number. On SQLite making ``number`` required rewrites
@@ -25,6 +25,7 @@ _NUMBERED = (("log_lines", "last_line_number"), ("metrics", "last_metric_number"
 
 
 def upgrade() -> None:
+    op.create_index("ix_jobs_submitted_id", "jobs", ["submitted_at", "id"])
     with op.batch_alter_table("jobs") as batch:
         for _, counter in _NUMBERED:
             batch.add_column(sa.Column(counter, sa.Integer(), server_default="0", nullable=False))
@@ -54,3 +55,4 @@ def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         for _, counter in reversed(_NUMBERED):
             batch.drop_column(counter)
+    op.drop_index("ix_jobs_submitted_id", table_name="jobs")
