@@ -1,9 +1,12 @@
 """Framework runtimes through a live server: resolution at submit, an environment built
-offline on first use and reused, its own package versions, and a build that fails."""
+offline on first use and reused, its own package versions, a build that fails, programs a
+runtime places at paths of its own (FfDL's /opt/conda/bin/python), and `pip install` of
+what a runtime has, without a network."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -48,27 +51,33 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     wheels = root / "wheels"
     make_wheel(wheels)
     offline = {"find_links": [str(wheels)], "no_index": True}
+    pinned = {"requirements": [f"{PINNED}=={PINNED_VERSION}"], **offline}
+    conda = {"/opt/conda/bin/python": "python"}
     runtimes = [
-        {
-            "framework": "inifw",
-            "version": "1.0",
-            "requirements": [f"{PINNED}=={PINNED_VERSION}"],
-            "default": True,
-            **offline,
-        },
-        {"framework": "inifw", "version": "2.*", "environment": "platform"},
+        {"framework": "inifw", "version": "1.0", "default": True, "paths": conda, **pinned},
+        {"framework": "inifw", "version": "2.*", "environment": "platform", "paths": conda},
         {"framework": "brokenfw", "requirements": [f"{PINNED}==99.0.2"], **offline},
+        # inifw-1.0's environment (the same digest), with a program it does not have.
+        {"framework": "lackfw", "paths": {"/opt/conda/bin/conda": "conda"}, **pinned},
     ]
     config = {**FAST_CONFIG, "runtimes": runtimes}
     with serving(LiveServer(home=root / "home", config=config)) as live:
         yield live
 
 
-def probe_manifest(framework: str, framework_version: str) -> str:
-    command = f"PLATFORM_SITE={platform_site()} python job.py"
+def framework_manifest(command: str, framework: str, framework_version: str) -> str:
     document = yaml.safe_load(manifest_yaml(command, gpus=0))
     document["framework"].update(name=framework, version=framework_version)
     return str(yaml.safe_dump(document))
+
+
+def probe_manifest(framework: str, framework_version: str) -> str:
+    command = f"PLATFORM_SITE={platform_site()} python job.py"
+    return framework_manifest(command, framework, framework_version)
+
+
+def lines_of(server: LiveServer, job_id: str) -> list[str]:
+    return [str(line["line"]) for line in server.loglines(job_id)]
 
 
 def ffdl_lines(server: LiveServer, job_id: str) -> list[str]:
@@ -144,3 +153,59 @@ def test_a_failing_build_fails_the_job_with_the_reason(server: LiveServer) -> No
     assert "runtime brokenfw: installing the requirements failed" in message
     assert f"{PINNED}==99.0.2" in message and "last lines" in message
     assert status["error_code"] == "S101"
+
+
+@pytest.mark.parametrize("framework_version", ["1.0", "2.3"])
+def test_a_runtime_path_runs_the_runtimes_own_python(
+    server: LiveServer, framework_version: str
+) -> None:
+    # FfDL's manifests call the interpreter of FfDL's images by its path.
+    probe = (
+        "import sys, importlib.metadata as m; print('probe', m.version('iniconfig'), sys.prefix)"
+    )
+    command = f'/opt/conda/bin/python -c "{probe}"'
+    job_id = server.submit_ok(framework_manifest(command, "inifw", framework_version))
+    server.wait_status(job_id, {"COMPLETED"}, timeout=180)
+    (line,) = [x for x in lines_of(server, job_id) if x.startswith("probe ")]
+    _, seen, prefix = line.split()
+    if framework_version == "1.0":  # the built environment, its own iniconfig
+        assert seen == PINNED_VERSION
+        assert prefix.startswith(str(server.home.resolve() / "runtimes"))
+    else:  # the platform's environment
+        assert (seen, prefix) == (version(PINNED), sys.prefix)
+
+
+def test_a_runtime_path_naming_what_the_environment_lacks_fails_the_job(
+    server: LiveServer,
+) -> None:
+    job_id = server.submit_ok(framework_manifest("/opt/conda/bin/conda info", "lackfw", "1"))
+    model = server.wait_status(job_id, {"FAILED"}, timeout=180)
+    status = model["training"]["training_status"]
+    assert status["error_code"] == "S101"
+    assert (
+        "runtime lackfw: paths entry /opt/conda/bin/conda: its environment has no "
+        "executable 'conda'" in json.dumps(status)
+    )
+
+
+@pytest.mark.parametrize("framework_version", ["1.0", "2.3"])
+def test_pip_install_of_what_the_runtime_has_is_satisfied_offline(
+    server: LiveServer, framework_version: str
+) -> None:
+    # FfDL's keras-test: `pip install keras && python ...`, in a sandbox without a network.
+    check = f"import {PINNED}, importlib.metadata as m; print('imported', m.version('{PINNED}'))"
+    command = f'pip install {PINNED} && python -c "{check}"'
+    job_id = server.submit_ok(framework_manifest(command, "inifw", framework_version))
+    server.wait_status(job_id, {"COMPLETED"}, timeout=180)
+    lines = lines_of(server, job_id)
+    assert any(x.startswith(f"Requirement already satisfied: {PINNED} in") for x in lines), lines
+    expected = PINNED_VERSION if framework_version == "1.0" else version(PINNED)
+    assert f"imported {expected}" in lines
+
+
+def test_pip_install_of_what_the_runtime_lacks_fails_at_once(server: LiveServer) -> None:
+    job_id = server.submit_ok(framework_manifest("pip install not-in-it", "inifw", "1.0"))
+    server.wait_status(job_id, {"FAILED"}, timeout=120)
+    lines = lines_of(server, job_id)
+    assert "ERROR: No matching distribution found for not-in-it" in lines, lines
+    assert not any("Retrying" in x for x in lines)  # no index tried: there is no network

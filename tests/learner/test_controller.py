@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from ffdl.learner.runtime import RuntimeSpec
 from ffdl.learner.spec import DataMount, LearnerSpec, dump_spec
 
 from .test_recording_api import TOKEN, RecordingApi, api, wait_until
@@ -350,6 +351,23 @@ def test_controller_imports_nothing_heavy(tmp_path: Path) -> None:
     assert shown.returncode == 0
     assert "spec" in shown.stdout
     assert time.monotonic() - started < 2.0
+
+
+def test_without_a_sandbox_the_runtimes_paths_are_said_to_be_missing(
+    tmp_path: Path, api: RecordingApi, launch: Any
+) -> None:
+    # Providing /opt/conda/bin/python would mean writing into the host's /opt: not done.
+    placed = {"/opt/conda/bin/python": "python"}
+    runtime = RuntimeSpec(name="torch", python=sys.executable, paths=placed)
+    run = launch(make_spec(tmp_path, api.url, "echo ran", runtime=runtime))
+
+    assert run.wait() == 0
+    assert api.final_status() is not None and api.statuses()[-1] == "COMPLETED"
+    assert (
+        "[ffdl] runtime torch: not provided, learners are not sandboxed (--no-sandbox): "
+        "/opt/conda/bin/python" in api.log_texts("ffdl")
+    )
+    assert api.log_texts("stdout") == ["ran"]
 
 
 def test_a_bad_spec_is_reported_as_s101(tmp_path: Path, api: RecordingApi) -> None:

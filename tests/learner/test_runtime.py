@@ -19,6 +19,7 @@ from ffdl.learner.runtime import (
     RuntimeBuildStopped,
     RuntimeSpec,
     ensure,
+    missing_program,
     runtime_from_dict,
 )
 
@@ -101,6 +102,52 @@ def test_an_environment_is_built_once_with_its_own_package_version(
     assert again == [f"[ffdl] runtime rt: using the cached environment {spec.path}"]
 
 
+def test_a_built_environment_has_pip_which_finds_its_own_packages_offline(
+    tmp_path: Path, wheels: Path
+) -> None:
+    # FfDL's keras-test runs `pip install keras && ...`: with the package in the runtime,
+    # pip must find it there, with no index and no network.
+    spec = offline_spec(tmp_path, wheels, f"{PINNED}=={PINNED_VERSION}", name="pip")
+    lines: list[str] = []
+    ensure(spec, lines.append)
+    assert any("[ffdl] runtime pip: Successfully installed" in x and "pip-" in x for x in lines)
+    pip = spec.bin_dir / "pip"
+    env = {"PATH": f"{spec.bin_dir}:/usr/bin:/bin", "PIP_NO_INDEX": "1", "HOME": str(tmp_path)}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    done = subprocess.run(
+        [str(pip), "install", PINNED], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"Requirement already satisfied: {PINNED} in {spec.env_dir}" in done.stdout
+    missing = subprocess.run(
+        [str(pip), "install", "not-in-the-runtime"], capture_output=True, text=True, env=env
+    )
+    assert missing.returncode != 0
+    assert "No matching distribution found for not-in-the-runtime" in missing.stderr
+    assert "Retrying" not in missing.stderr
+
+
+def test_a_runtime_names_the_executable_its_paths_lack(tmp_path: Path, wheels: Path) -> None:
+    platform = RuntimeSpec(name="torch", python=sys.executable)
+    platform.paths = {"/opt/conda/bin/python": "python", "/opt/conda/bin/pip": "pip"}
+    assert platform.executable("python") == Path(sys.executable)
+    assert missing_program(platform) is None
+    platform.paths["/opt/conda/bin/conda"] = "conda-of-nobody"
+    assert missing_program(platform) == (
+        "runtime torch: paths entry /opt/conda/bin/conda: the platform's environment has no "
+        f"executable 'conda-of-nobody' (no {Path(sys.executable).parent / 'conda-of-nobody'})"
+    )
+    built = offline_spec(tmp_path, wheels, name="built")
+    built.paths = {"/opt/conda/bin/python": "python", "/opt/conda/bin/tool": "tool"}
+    ensure(built, lambda line: None)
+    assert missing_program(built) == (
+        "runtime built: paths entry /opt/conda/bin/tool: its environment has no executable "
+        f"'tool' (no {built.bin_dir / 'tool'})"
+    )
+    del built.paths["/opt/conda/bin/tool"]
+    assert missing_program(built) is None
+
+
 def test_a_failing_build_names_the_requirement_and_leaves_nothing(
     tmp_path: Path, wheels: Path
 ) -> None:
@@ -152,6 +199,13 @@ def test_the_spec_field_is_validated() -> None:
         runtime_from_dict({"name": "x", "environment": "python", "python": "/usr/bin/python3"})
     with pytest.raises(ValueError, match="environment"):
         runtime_from_dict({"name": "x", "environment": "conda"})
+    placed = {"name": "x", "paths": {"/opt/conda/bin/python": "python"}}
+    with pytest.raises(ValueError, match="python must be an absolute path"):
+        runtime_from_dict(placed)
+    with pytest.raises(ValueError, match="paths must map absolute paths"):
+        runtime_from_dict({**placed, "python": "/p", "paths": {"bin/python": "python"}})
+    again = runtime_from_dict({**placed, "python": "/usr/bin/python3"})
+    assert again is not None and again.executable("python") == Path("/usr/bin/python3")
     with pytest.raises(ValueError, match="requirements"):
         runtime_from_dict(
             {

@@ -21,6 +21,7 @@ from ffdl.learner.sandbox import (
     KILLED_HOLD_S,
     NETNS_DIR,
     NETNS_LOCK_DIR,
+    SandboxError,
     SandboxSpec,
     join_netns,
     remove_netns_if_unused,
@@ -28,6 +29,7 @@ from ffdl.learner.sandbox import (
     write_identity_files,
 )
 from ffdl.learner.spec import SpecError, _sandbox
+from ffdl.server.services.sandboxing import python_paths
 from tests.integration.live import wait_for
 
 NOBODY = 65534
@@ -110,6 +112,59 @@ def test_a_learner_cgroup_holds_the_sandbox_and_is_removed(work: Path) -> None:
     assert not any(directory.exists() for directory in cgroup.directories)
 
 
+def test_a_runtime_program_is_placed_in_opt_beside_what_the_host_has_there(
+    work: Path, tmp_path: Path
+) -> None:
+    # FfDL's manifests call /opt/conda/bin/python: here it is the platform's interpreter,
+    # still in its virtual environment, while the host's own /opt stays visible, read-only.
+    os.chown(work, 212348, 212348)
+    spec = SandboxSpec(
+        uid=212348,
+        gid=212348,
+        read_only=python_paths(tmp_path / "home"),
+        read_write=[str(work)],
+        programs=[[sys.executable, "/opt/conda/bin/python"]],
+    )
+    probe = (
+        "/opt/conda/bin/python -c 'import sys, sqlalchemy; print(sys.prefix)'; "
+        "echo $(ls /opt); touch /opt/conda/bin/x 2>/dev/null || echo ro; "
+        "touch /opt/conda/bin/python 2>/dev/null || echo ro"
+    )
+    identity = write_identity_files(tmp_path / "identity", spec, str(work))
+    argv = sandbox_argv(spec, probe, str(work), identity)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    prefix, listed, *readonly = done.stdout.splitlines()
+    assert prefix == sys.prefix
+    host = os.listdir("/opt") if os.path.isdir("/opt") else []
+    assert listed.split() == sorted([*host, "conda"])
+    assert readonly == ["ro", "ro"]
+
+
+@pytest.mark.parametrize(
+    ("program", "read_only", "read_write", "clash"),
+    [
+        ("/usr/bin/python", [], [], "/usr"),
+        ("/proc/python", [], [], "/proc"),
+        ("/srv/a", ["/srv/a/b"], [], "/srv/a/b"),
+        ("/srv/jobs/python", [], ["/srv/jobs"], "/srv/jobs"),
+    ],
+)
+def test_a_runtime_program_colliding_with_a_mount_is_refused(
+    tmp_path: Path, program: str, read_only: list[str], read_write: list[str], clash: str
+) -> None:
+    spec = SandboxSpec(
+        uid=212349,
+        gid=212349,
+        read_only=read_only,
+        read_write=read_write,
+        programs=[["/bin/true", program]],
+    )
+    identity = write_identity_files(tmp_path / "identity", spec, str(tmp_path))
+    with pytest.raises(SandboxError, match=f"runtime path {program} collides with {clash},"):
+        sandbox_argv(spec, "true", str(tmp_path), identity)
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -118,6 +173,7 @@ def test_a_learner_cgroup_holds_the_sandbox_and_is_removed(work: Path) -> None:
         ({"uid": 5, "gid": 5, "read_write": ["relative"]}, "absolute paths"),
         ({"uid": 5, "gid": 5, "volumes": [["/a"]]}, "source, target"),
         ({"uid": 5, "gid": 5, "memory_bytes": "1G"}, "integer"),
+        ({"uid": 5, "gid": 5, "programs": [["python", "/opt/x"]]}, "absolute paths"),
     ],
 )
 def test_a_bad_sandbox_spec_is_refused_naming_the_field(raw: dict[str, Any], message: str) -> None:

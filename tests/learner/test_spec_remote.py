@@ -89,6 +89,7 @@ def full_spec() -> LearnerSpec:
             binds=[[f"{JOB}/logs/learner-1", f"{JOB}/state/logs"]],
             hosts=[["10.0.0.2", "learner-2"]],
             hidden=[f"{HOME}/site-packages"],
+            programs=[[f"{HOME}/runtimes/abc/env/bin/python", "/opt/conda/bin/python"]],
         ),
         results_store=ObjectLocation("results/training-abc", {"secret_key": "s"}),
         checkpoint_dir=f"{JOB}/checkpoints",
@@ -101,6 +102,7 @@ def full_spec() -> LearnerSpec:
             digest="abc",
             requirements=["torch==2.3"],
             find_links=[f"{HOME}/wheels", "https://example.org/wheels"],
+            paths={"/opt/conda/bin/python": "python"},
         ),
         log_dir=f"{JOB}/logs/learner-1",
         metrics_type="tensorboard",
@@ -162,7 +164,11 @@ def test_rebase_moves_every_path_under_the_home_and_nothing_else() -> None:
     assert rebased.sandbox.binds == [
         [f"{NODE}/jobs/training-abc/logs/learner-1", f"{NODE}/jobs/training-abc/state/logs"]
     ]
+    assert rebased.sandbox.programs == [
+        [f"{NODE}/runtimes/abc/env/bin/python", "/opt/conda/bin/python"]
+    ]
     assert rebased.runtime.path == f"{NODE}/runtimes/abc"
+    assert rebased.runtime.paths == {"/opt/conda/bin/python": "python"}
     assert rebased.runtime.python == "/usr/bin/python3"
     assert rebased.runtime.find_links == [f"{NODE}/wheels", "https://example.org/wheels"]
     assert rebased.results_store == spec.results_store

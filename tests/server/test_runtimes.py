@@ -1,7 +1,9 @@
-"""Choosing a job's framework runtime from the operator's declarations (pure resolution)."""
+"""Choosing a job's framework runtime from the operator's declarations (pure resolution),
+and the checks of what they declare."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from ffdl.server.services.runtimes import (
     platform_runtimes,
     resolve,
     runtime_digest,
+    unsandboxed_paths,
     version_matches,
 )
 from ffdl.server.settings import Settings
@@ -130,3 +133,83 @@ def test_settings_read_runtimes_from_config_and_refuse_two_defaults(tmp_path: Pa
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"runtimes": runtimes}))
     with pytest.raises(ValidationError, match="more than one default"):
         Settings.load(tmp_path)
+
+
+PLATFORM_BIN = Path(sys.executable).parent
+
+
+@pytest.mark.parametrize(
+    ("inside", "name", "message"),
+    [
+        ("opt/conda/bin/python", "python", "must be an absolute path"),
+        ("/opt/conda/../bin/python", "python", "must be an absolute path"),
+        ("/opt/conda/bin/", "python", "must be an absolute path"),
+        ("/", "python", "must be an absolute path"),
+        ("/usr/bin/python", "python", "collides with /usr"),
+        ("/bin/python", "python", "collides with /bin"),
+        ("/lib64/ld.so", "python", "collides with /lib64"),
+        ("/etc/python", "python", "collides with /etc"),
+        ("/proc/python", "python", "collides with /proc"),
+        ("/dev/shm/python", "python", "collides with /dev"),
+        ("/tmp/python", "python", "collides with /tmp"),
+        ("/sys/python", "python", "collides with /sys"),
+        ("/opt", "python", "collides with /opt"),
+        ("/opt/conda/bin/python", "bin/python", "must name an executable"),
+        ("/opt/conda/bin/python", "", "must name an executable"),
+    ],
+)
+def test_a_runtime_path_the_sandbox_cannot_provide_is_refused_naming_the_entry(
+    inside: str, name: str, message: str
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        RuntimeConfig(framework="pytorch", paths={inside: name})
+    text = str(caught.value)
+    assert f"runtime 'pytorch': paths entry {inside!r}" in text and message in text
+
+
+def test_runtime_paths_may_not_nest_and_do_not_change_the_digest() -> None:
+    with pytest.raises(ValidationError, match="'/opt/conda/bin/x' lies under the entry '/opt/c"):
+        RuntimeConfig(framework="x", paths={"/opt/conda": "python", "/opt/conda/bin/x": "pip"})
+    base = RuntimeConfig(framework="x", requirements=["a==1"])
+    placed = base.model_copy(update={"paths": {"/opt/conda/bin/python": "python"}})
+    assert runtime_digest(base) == runtime_digest(placed)
+
+
+def test_settings_accept_runtime_paths_and_check_them_against_the_home_and_the_platform(
+    tmp_path: Path,
+) -> None:
+    paths = {"/opt/conda/bin/python": "python", "/opt/conda/bin/pip": "pip"}
+    runtimes: list[dict[str, object]] = [
+        {"framework": "pytorch", "environment": "platform", "paths": paths},
+        # A built environment's executables are known once it is built.
+        {"framework": "tf", "requirements": ["a"], "paths": {"/opt/tf/bin/tool": "tool"}},
+    ]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"runtimes": runtimes}))
+    settings = Settings.load(tmp_path)
+    assert settings.runtimes[0].paths == paths
+
+    runtimes[0]["paths"] = {"/opt/conda/bin/conda": "conda-of-nobody"}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"runtimes": runtimes}))
+    with pytest.raises(ValidationError) as caught:
+        Settings.load(tmp_path)
+    assert (
+        "runtime pytorch: paths entry /opt/conda/bin/conda: the platform's environment has no "
+        f"executable 'conda-of-nobody' (no {PLATFORM_BIN / 'conda-of-nobody'})" in str(caught.value)
+    )
+
+    # The jobs' own directories are in the home: a path there, or holding it, is refused.
+    for inside in ("/srv/ffdl/jobs/python", "/srv"):
+        placed = RuntimeConfig(framework="pytorch", paths={inside: "python"})
+        with pytest.raises(ValidationError) as caught:
+            Settings(home=Path("/srv/ffdl"), runtimes=[placed])
+        assert f"paths entry {inside!r}: collides with the platform home /srv/ffdl" in str(
+            caught.value
+        )
+
+
+def test_without_the_sandbox_the_operator_is_told_which_paths_are_not_provided() -> None:
+    placed = RuntimeConfig(framework="pytorch", paths={"/opt/conda/bin/python": "python"})
+    assert unsandboxed_paths([TF_OLD, TORCH]) is None
+    warning = unsandboxed_paths([TF_OLD, placed])
+    assert warning is not None
+    assert "--no-sandbox" in warning and "pytorch: /opt/conda/bin/python" in warning

@@ -1,5 +1,6 @@
 """At deploy: the runtime is resolved again from the config in force, recorded on the job,
-and turned into the learner's PATH, sandbox paths and FfDL variables."""
+and turned into the learner's PATH, pip settings, sandbox paths and programs, and FfDL
+variables."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ffdl.core.errors import ManifestError
 from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import parse_manifest
 from ffdl.core.resources import Node
+from ffdl.learner.sandbox import NETWORK_HOST, SandboxSpec
 from ffdl.server.auth import JobTokens
 from ffdl.server.credentials import CredentialVault
 from ffdl.server.platform import Platform
@@ -22,7 +24,9 @@ from ffdl.server.services.learner_env import (
     ffdl_variables,
     host_entries,
     job_runtime,
+    pip_settings,
     runtime_path,
+    runtime_programs,
     runtime_read_only,
 )
 from ffdl.server.services.runtimes import RuntimeConfig
@@ -86,6 +90,51 @@ def test_the_platform_runtime_keeps_the_platform_path(platform: Platform) -> Non
     assert not spec.built and runtime_of(platform, "training-tf") == spec.name
     assert runtime_path(spec, "/a:/b") == "/a:/b"
     assert runtime_read_only(spec, platform.settings.home) is None
+
+
+def test_the_runtimes_paths_become_sandbox_programs(platform: Platform, tmp_path: Path) -> None:
+    placed = {"/opt/conda/bin/python": "python", "/opt/conda/bin/pip": "pip"}
+    torch = {"framework": "pytorch", "environment": "platform", "paths": placed}
+    changed = platform_with(tmp_path, platform.store, [{**TF, "paths": placed}, torch])
+    built = job_runtime(changed, "training-tf", manifest("tensorflow", "1.15"))
+    assert runtime_programs(built) == [
+        [str(built.bin_dir / "python"), "/opt/conda/bin/python"],
+        [str(built.bin_dir / "pip"), "/opt/conda/bin/pip"],
+    ]
+    own = job_runtime(changed, "training-tf", manifest("pytorch", "2"))
+    assert runtime_programs(own) == [
+        [sys.executable, "/opt/conda/bin/python"],
+        [str(Path(sys.executable).parent / "pip"), "/opt/conda/bin/pip"],
+    ]
+    assert runtime_programs(job_runtime(platform, "training-tf", manifest("custom", ""))) == []
+
+
+def test_the_jobs_pip_gets_the_runtimes_options_and_no_index_without_a_network(
+    platform: Platform, tmp_path: Path
+) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    options = {
+        "find_links": [str(wheels), "https://u:secret@mirror.example/wheels"],
+        "index_url": "https://mirror.example/simple",
+        "extra_index_urls": ["https://u:secret@private.example/simple"],
+    }
+    changed = platform_with(tmp_path, platform.store, [{**TF, **options}])
+    built = job_runtime(changed, "training-tf", manifest("tensorflow", "1.15"))
+    online = pip_settings(built, None)
+    # The operator's index credentials never reach the job.
+    assert online == {
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PIP_FIND_LINKS": str(wheels.resolve()),
+        "PIP_INDEX_URL": "https://mirror.example/simple",
+    }
+    assert pip_settings(built, SandboxSpec(uid=5, gid=5, network=NETWORK_HOST)) == online
+    assert pip_settings(built, SandboxSpec(uid=5, gid=5)) == {**online, "PIP_NO_INDEX": "1"}
+    read_only = runtime_read_only(built, changed.settings.home)
+    assert read_only is not None and str(wheels.resolve()) in read_only
+    own = job_runtime(platform, "training-tf", manifest("pytorch", ""))
+    assert pip_settings(own, None) == {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    assert pip_settings(own, SandboxSpec(uid=5, gid=5))["PIP_NO_INDEX"] == "1"
 
 
 def test_a_framework_whose_runtime_was_removed_fails_at_deploy(

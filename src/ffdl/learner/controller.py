@@ -295,9 +295,15 @@ class Controller:
             return None
         if not spec.built:
             self._ffdl_log(f"[ffdl] runtime {spec.name}: the platform's environment")
-            return None
         try:
             runtime.ensure(spec, self._ffdl_log, lambda: self._requested_stop() is not None)
+            if spec.paths and self.spec.sandbox is None:
+                # Only the sandbox can show a path of the runtime's: the host's is not ours.
+                listed = ", ".join(spec.paths)
+                text = f"not provided, learners are not sandboxed (--no-sandbox): {listed}"
+                self._ffdl_log(f"[ffdl] runtime {spec.name}: {text}")
+            elif spec.paths and (missing := runtime.missing_program(spec)) is not None:
+                raise runtime.RuntimeBuildError(missing)
         except runtime.RuntimeBuildStopped:
             return _stop_outcome(self._requested_stop() or HALT, self._stop_detail)
         except (runtime.RuntimeBuildError, OSError) as exc:

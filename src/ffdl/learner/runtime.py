@@ -3,12 +3,15 @@
 The platform resolves a manifest's framework to a runtime (``ffdl.server.services.runtimes``)
 and puts it in the learner spec (``RuntimeSpec``). The platform's own environment needs
 nothing here. A built environment is made by ``ensure`` during DOWNLOADING, with ``uv``:
-``uv venv`` with the platform's interpreter, then ``uv pip install`` of the requirements,
-each output line shown in the job's log. It lives in ``spec.path`` (under the platform
-home, named by the digest of its definition), is made by one controller at a time (a lock
-file beside it; others wait and then reuse it), is marked complete only once fully built,
-and is never changed afterwards except for the small copy of ``ffdl.sdk`` it carries, so
-that code on it can still import the SDK without seeing the platform's packages.
+``uv venv`` with the platform's interpreter, pip seeded into it offline from the
+interpreter's own ``ensurepip`` (a job's ``pip install`` of what the environment has then
+finds it there), then ``uv pip install`` of the requirements, each output line shown in the
+job's log. It lives in ``spec.path`` (under the platform home, named by the digest of its
+definition), is made by one controller at a time (a lock file beside it; others wait and
+then reuse it), is marked complete only once fully built, and is never changed afterwards
+except for the small copy of ``ffdl.sdk`` it carries, so that code on it can still import
+the SDK without seeing the platform's packages. This module also says where a runtime's
+executables are, for the programs its ``paths`` place in the sandbox, and whether they exist.
 
 This module uses the standard library only, because the controller must start fast.
 """
@@ -69,6 +72,10 @@ class RuntimeSpec:
     index_url: str | None = None
     extra_index_urls: list[str] = field(default_factory=list)
     no_index: bool = False
+    # Path inside the sandbox -> executable of the runtime bound there ("python": its
+    # interpreter; another name: that file in its bin directory). For the platform's
+    # environment, ``python`` is the platform's interpreter.
+    paths: dict[str, str] = field(default_factory=dict)
 
     @property
     def built(self) -> bool:
@@ -80,7 +87,26 @@ class RuntimeSpec:
 
     @property
     def bin_dir(self) -> Path:
-        return self.env_dir / "bin"
+        return self.env_dir / "bin" if self.built else Path(self.python).parent
+
+    def executable(self, name: str) -> Path:
+        """The runtime's executable called ``name`` in its ``paths``."""
+        if name == PYTHON and not self.built:
+            return Path(self.python)
+        return self.bin_dir / name
+
+
+def missing_program(spec: RuntimeSpec) -> str | None:
+    """Why one of the runtime's ``paths`` cannot be provided (an executable it lacks)."""
+    for inside, name in spec.paths.items():
+        executable = spec.executable(name)
+        if not (executable.is_file() and os.access(executable, os.X_OK)):
+            where = "its environment" if spec.built else "the platform's environment"
+            return (
+                f"runtime {spec.name}: paths entry {inside}: {where} has no executable "
+                f"{name!r} (no {executable})"
+            )
+    return None
 
 
 def _strings(raw: dict[str, Any], name: str) -> list[str]:
@@ -88,6 +114,16 @@ def _strings(raw: dict[str, Any], name: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ValueError(f"runtime.{name} must be a list of strings")
     return list(value)
+
+
+def _paths(raw: dict[str, Any]) -> dict[str, str]:
+    value = raw.get("paths") or {}
+    if not isinstance(value, dict) or not all(
+        isinstance(inside, str) and os.path.isabs(inside) and isinstance(name, str) and name
+        for inside, name in value.items()
+    ):
+        raise ValueError("runtime.paths must map absolute paths to executable names")
+    return dict(value)
 
 
 def runtime_from_dict(raw: Any) -> RuntimeSpec | None:
@@ -99,8 +135,12 @@ def runtime_from_dict(raw: Any) -> RuntimeSpec | None:
     name, environment = raw.get("name"), raw.get("environment", PLATFORM)
     if not isinstance(name, str) or environment not in (PLATFORM, PYTHON):
         raise ValueError("runtime needs a name and an environment of platform or python")
-    spec = RuntimeSpec(name=name, environment=environment)
+    spec = RuntimeSpec(name=name, environment=environment, paths=_paths(raw))
     if not spec.built:
+        python = raw.get("python") or ""
+        if not isinstance(python, str) or (spec.paths and not os.path.isabs(python)):
+            raise ValueError("runtime.python must be an absolute path when it has paths")
+        spec.python = python
         return spec
     for key in ("path", "python", "digest"):
         value = raw.get(key)
@@ -319,8 +359,13 @@ def _build(
         progress,
         should_stop,
     )
+    python = str(spec.bin_dir / "python")
+    # ensurepip installs the wheel the interpreter ships, so this needs no index; uv's own
+    # seeding (``uv venv --seed``) would download pip.
+    _run_step(
+        [python, "-Im", "ensurepip", "--default-pip"], "seeding pip", spec, progress, should_stop
+    )
     if spec.requirements:
-        python = str(spec.bin_dir / "python")
         options = _installer_options(spec)
         _run_step(
             [uv, "pip", "install", *cache, "--python", python, *options, *spec.requirements],

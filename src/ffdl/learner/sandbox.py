@@ -9,6 +9,14 @@ The controller stays outside and starts the chain built by ``sandbox_argv``::
       → setpriv (the job's unprivileged uid/gid, no capabilities, no new privileges)
       → /bin/bash -c COMMAND
 
+A runtime may place programs at paths of its own in the sandbox (FfDL's
+``/opt/conda/bin/python``): each is a small script, written beside the identity files, that
+``exec``s the runtime's executable, bound read-only at that path. A script rather than the
+executable itself, because a virtual environment's ``python`` bound elsewhere no longer
+finds its ``pyvenv.cfg``, and a symlink to it resolves to the base interpreter: either way
+the environment's packages would be gone. A read-only bind takes no new mount points, so a
+bind on the way to such a path (the host's ``/opt``) is made entry by entry instead.
+
 Each link ``exec``s the next, so the controller's child is bwrap's monitor process and
 bwrap's ``--die-with-parent`` ties the whole sandbox to the controller: when the
 controller dies, bwrap's namespace init dies, and the kernel ends every process of the
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -45,8 +54,13 @@ NETNS_DIR = "/run/netns"
 NETNS_LOCK_DIR = "/run/ffdl-netns"
 # How long a learner waits for a job network namespace another learner is creating.
 NETNS_READY_S = 5.0
+# Mounts every sandbox makes of its own.
+OWN_MOUNTS = ("/tmp", "/dev", "/proc")
 # System paths every sandbox sees read-only, when the host has them.
 SYSTEM_PATHS = ("/usr", "/etc", "/opt", "/sys")
+# Of those, the ones a runtime may place programs in: host add-ons the sandbox itself does
+# not need (FfDL's images had conda in /opt).
+OPEN_SYSTEM_PATHS = ("/opt",)
 # On merged-/usr systems these are symlinks into /usr and are recreated as such.
 TOP_LEVEL_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Host files the sandbox must not read even though /etc is visible.
@@ -95,6 +109,8 @@ class SandboxSpec:
     # Directories inside read-only binds shown empty (the platform's packages, hidden from
     # a job running on a runtime environment of its own).
     hidden: list[str] = field(default_factory=list)
+    # (host executable, path inside): programs a runtime provides at paths of its own.
+    programs: list[list[str]] = field(default_factory=list)
 
     @property
     def netns(self) -> str | None:
@@ -105,6 +121,19 @@ class SandboxSpec:
 
 def bwrap_path() -> str | None:
     return shutil.which("bwrap")
+
+
+def reserved_path(path: str) -> str | None:
+    """The sandbox's own mount or system path that a program at ``path`` (absolute and
+    normalised) would collide with: one it is, holds, or lies in (except the open ones)."""
+    if path == "/":
+        return "/"
+    for mount in (*OWN_MOUNTS, *SYSTEM_PATHS, *TOP_LEVEL_LINKS):
+        holds = mount == path or mount.startswith(path + "/")
+        inside = path.startswith(mount + "/") and mount not in OPEN_SYSTEM_PATHS
+        if holds or inside:
+            return mount
+    return None
 
 
 def check_available() -> str | None:
@@ -126,7 +155,8 @@ def check_available() -> str | None:
 
 
 def write_identity_files(directory: Path, spec: SandboxSpec, home: str) -> tuple[Path, Path]:
-    """passwd and group files naming the job's uid (tools that look the user up need them)."""
+    """passwd and group files naming the job's uid (tools that look the user up need them),
+    beside the hosts file and the scripts standing for the runtime's programs."""
     directory.mkdir(parents=True, exist_ok=True)
     passwd = directory / "passwd"
     group = directory / "group"
@@ -141,6 +171,11 @@ def write_identity_files(directory: Path, spec: SandboxSpec, home: str) -> tuple
     )
     for path in (passwd, group):
         path.chmod(0o644)
+    for index, (executable, _inside) in enumerate(spec.programs):
+        script = directory / "programs" / str(index)
+        script.parent.mkdir(exist_ok=True)
+        script.write_text(f'#!/bin/sh\nexec {shlex.quote(executable)} "$@"\n', encoding="utf-8")
+        script.chmod(0o755)
     if spec.hosts:
         hosts = directory / "hosts"
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
@@ -153,6 +188,51 @@ def write_identity_files(directory: Path, spec: SandboxSpec, home: str) -> tuple
 def _mount_order(binds: Sequence[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
     # Parents first, so a bind inside another bind lands on top of it.
     return sorted(binds, key=lambda bind: (bind[2].count("/"), bind[2]))
+
+
+def _check_programs(spec: SandboxSpec, binds: Sequence[tuple[str, str, str]]) -> None:
+    """Refuse program paths the sandbox cannot show (the platform checks them at start;
+    what it cannot know then, such as where the job's directories are, is checked here):
+    one that is or holds a mount, or lies where the job writes (a mount point made there
+    would be made on the host)."""
+    for _executable, target in spec.programs:
+        clash = reserved_path(target)
+        for option, _source, bound in binds:
+            holds = bound == target or bound.startswith(target + "/")
+            written = option == "--bind" and target.startswith(bound + "/")
+            if clash is None and (holds or written):
+                clash = bound
+        if clash is not None:
+            raise SandboxError(
+                f"runtime path {target} collides with {clash}, which the sandbox mounts"
+            )
+
+
+def _entry_by_entry(
+    source: str, target: str, routes: set[str], programs: set[str]
+) -> tuple[list[str], list[str]]:
+    """Show ``source`` at ``target`` as a directory of single binds rather than one, so
+    that programs can be placed inside it: entries on the way to a program are shown the
+    same way, a program's own place is left free. Returns the arguments and what they bind."""
+    args, bound = ["--perms", "0755", "--dir", target], []
+    try:
+        entries = sorted(os.scandir(source), key=lambda entry: entry.name)
+    except OSError:
+        entries = []
+    for entry in entries:
+        inside = f"{target}/{entry.name}"
+        if inside in programs:
+            continue
+        if inside in routes and entry.is_dir():
+            more, more_bound = _entry_by_entry(entry.path, inside, routes, programs)
+            args += more
+            bound += more_bound
+        elif entry.is_symlink():
+            args += ["--symlink", os.readlink(entry.path), inside]
+        else:
+            args += ["--ro-bind", entry.path, inside]
+            bound.append(inside)
+    return args, bound
 
 
 def _filesystem_args(spec: SandboxSpec, passwd: Path, group: Path) -> list[str]:
@@ -170,20 +250,35 @@ def _filesystem_args(spec: SandboxSpec, passwd: Path, group: Path) -> list[str]:
     binds += [("--bind", path, path) for path in spec.read_write]
     binds += [("--ro-bind", source, target) for source, target in spec.volumes]
     binds += [("--bind", source, target) for source, target in spec.binds]
+    _check_programs(spec, binds)
+    programs = {target for _executable, target in spec.programs}
+    routes = {str(parent) for target in programs for parent in Path(target).parents}
     mounted: list[str] = []
-    created: set[str] = {"/", "/tmp", "/dev", "/proc"}
-    for option, source, target in _mount_order(binds):
+    created: set[str] = {"/", *OWN_MOUNTS}
+
+    def make_parents(target: str) -> None:
         # Directories leading to a bind are made world-traversable (bwrap would otherwise
         # create them private to root), except where they lie inside an earlier bind.
         for ancestor in reversed(Path(target).parents):
             name = str(ancestor)
             inside = any(name == m or name.startswith(m + "/") for m in mounted)
             if name not in created and not inside:
-                args += ["--perms", "0755", "--dir", name]
+                args.extend(["--perms", "0755", "--dir", name])
                 created.add(name)
-        args += [option, source, target]
-        mounted.append(target)
+
+    for option, source, target in _mount_order(binds):
+        make_parents(target)
+        if option == "--ro-bind" and target in routes:
+            more, bound = _entry_by_entry(source, target, routes, programs)
+            args += more
+            mounted += bound
+        else:
+            args += [option, source, target]
+            mounted.append(target)
         created.add(target)
+    for index, (_executable, target) in enumerate(spec.programs):
+        make_parents(target)
+        args += ["--ro-bind", str(passwd.with_name("programs") / str(index)), target]
     for path in spec.hidden:
         if os.path.isdir(path):
             args += ["--tmpfs", path]

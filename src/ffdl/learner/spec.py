@@ -281,6 +281,7 @@ def _sandbox(raw: Any) -> SandboxSpec | None:
         hostname=str(raw.get("hostname") or "learner"),
         hosts=_host_entries(raw.get("hosts") or []),
         hidden=_string_list(raw.get("hidden") or [], "sandbox.hidden"),
+        programs=_pairs(raw.get("programs") or [], "sandbox.programs"),
     )
 
 
@@ -503,6 +504,7 @@ def rebase_spec(spec: LearnerSpec, old_home: str, new_home: str) -> LearnerSpec:
         box.volumes = [[source, move(target)] for source, target in box.volumes]
         box.binds = [[move(source), move(target)] for source, target in box.binds]
         box.hidden = [move(path) for path in box.hidden]
+        box.programs = [[move(executable), inside] for executable, inside in box.programs]
     return rebased
 
 

@@ -18,6 +18,7 @@ from ffdl.server.announce import announce
 from ffdl.server.app import STARTUP_ERRORS, create_app
 from ffdl.server.pool.config import pool_policy
 from ffdl.server.pool.policy import Policy
+from ffdl.server.services.runtimes import unsandboxed_paths
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import StoreUnavailable
 
@@ -68,6 +69,8 @@ def serve(
     logging.getLogger("alembic").setLevel(logging.WARNING)
     if not settings.sandbox:
         log.warning(NO_SANDBOX_WARNING)
+        if (unprovided := unsandboxed_paths(settings.runtimes)) is not None:
+            log.warning(unprovided)
     _log_backend(settings)
     if policy is not None:
         _serve_pool(settings, policy)

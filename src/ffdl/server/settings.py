@@ -17,7 +17,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ffdl.backends.local import LocalConfig
@@ -25,7 +25,7 @@ from ffdl.backends.ray_config import RayConfig
 from ffdl.backends.simulated import SimulatedConfig, SimulatedSetup
 from ffdl.core.resources import Node
 from ffdl.core.units import parse_size_mb
-from ffdl.server.services.runtimes import RuntimeConfig, check_runtimes
+from ffdl.server.services.runtimes import RuntimeConfig, check_paths, check_runtimes
 
 
 class NodeConfig(BaseModel):
@@ -242,7 +242,10 @@ class Settings(BaseSettings):
 
     @field_validator("runtimes")
     @classmethod
-    def _unambiguous_runtimes(cls, value: list[RuntimeConfig]) -> list[RuntimeConfig]:
+    def _unambiguous_runtimes(
+        cls, value: list[RuntimeConfig], info: ValidationInfo
+    ) -> list[RuntimeConfig]:
+        check_paths(value, Path(info.data.get("home") or default_home()))
         return check_runtimes(value)
 
     @property

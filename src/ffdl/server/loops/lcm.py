@@ -44,7 +44,9 @@ from ffdl.server.services.aggregate import aggregate_job, aggregate_job_failure
 from ffdl.server.services.learner_env import (
     ffdl_variables,
     job_runtime,
+    pip_settings,
     runtime_path,
+    runtime_programs,
     runtime_read_only,
 )
 from ffdl.server.services.nodes import effective_nodes
@@ -331,6 +333,21 @@ def build_spec(
     metrics_settings = manifest.evaluation_metrics
     if metrics_settings is not None:
         groups = {name: group.model_dump() for name, group in metrics_settings.groups.items()}
+    sandbox = learner_sandbox(
+        platform,
+        job_id,
+        learner=learner,
+        attempt=attempt,
+        num_learners=len(placement.learners),
+        gpu_ids=me.gpu_ids if real_gpus else (),
+        memory_mb=manifest.memory_mb,
+        cpus=manifest.cpus,
+        dirs=dirs,
+        volume=volume,
+        runtime_paths=runtime_read_only(runtime, settings.home),
+        programs=runtime_programs(runtime),
+    )
+    env.update(pip_settings(runtime, sandbox))
     return LearnerSpec(
         training_id=job_id,
         learner=learner,
@@ -351,19 +368,7 @@ def build_spec(
         metrics_in=metrics_settings.in_ if metrics_settings else None,
         metrics_line_lookahead=metrics_settings.line_lookahead if metrics_settings else None,
         state_dir=str(dirs.controller(learner, attempt)),
-        sandbox=learner_sandbox(
-            platform,
-            job_id,
-            learner=learner,
-            attempt=attempt,
-            num_learners=len(placement.learners),
-            gpu_ids=me.gpu_ids if real_gpus else (),
-            memory_mb=manifest.memory_mb,
-            cpus=manifest.cpus,
-            dirs=dirs,
-            volume=volume,
-            runtime_paths=runtime_read_only(runtime, settings.home),
-        ),
+        sandbox=sandbox,
         halt_grace_s=settings.halt_grace_s,
         heartbeat_s=settings.heartbeat_s,
         report_deadline_s=settings.report_deadline_s,

@@ -7,8 +7,9 @@ does ``int(float(os.environ["GPU_COUNT"]))``), ``LEARNER_NAME_PREFIX`` (learner 
 results), ``LOG_DIR`` (``$JOB_STATE_DIR/logs``; TensorBoard files go to ``$LOG_DIR/tb``) and
 ``DOWNWARD_API_POD_NAME``/``_NAMESPACE``. This module owns those values, the learner host
 names and addresses in the sandbox, and turning the job's resolved runtime into the learner
-spec's ``RuntimeSpec``, its PATH and the paths its sandbox binds. Nothing of the control
-plane (tokens, the API's address, the platform home) is ever among the variables.
+spec's ``RuntimeSpec``, its PATH, its pip settings, the paths its sandbox binds and the
+programs it places there. Nothing of the control plane (tokens, the API's address, the
+platform home, an index's credentials) is ever among the variables.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import re
 import site
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import Manifest
 from ffdl.learner.runtime import PLATFORM, PYTHON, RuntimeSpec
-from ffdl.learner.sandbox import SYSTEM_PATHS, SandboxSpec
+from ffdl.learner.sandbox import NETWORK_HOST, SYSTEM_PATHS, SandboxSpec
 from ffdl.server.platform import Platform
 from ffdl.server.services.runtimes import effective_runtimes, resolve, runtime_digest
 from ffdl.server.store.models import Job
@@ -111,9 +113,11 @@ def job_runtime(platform: Platform, job_id: str, manifest: Manifest) -> RuntimeS
         job = session.get(Job, job_id)
         if job is not None and job.runtime != resolved.label:
             job.runtime = resolved.label
-    if not resolved.built:
-        return RuntimeSpec(name=resolved.label, environment=PLATFORM)
     python = os.path.abspath(sys.executable)
+    if not resolved.built:
+        return RuntimeSpec(
+            name=resolved.label, environment=PLATFORM, python=python, paths=dict(resolved.paths)
+        )
     digest = runtime_digest(resolved, python)
     return RuntimeSpec(
         name=resolved.label,
@@ -126,7 +130,42 @@ def job_runtime(platform: Platform, job_id: str, manifest: Manifest) -> RuntimeS
         index_url=resolved.index_url,
         extra_index_urls=list(resolved.extra_index_urls),
         no_index=resolved.no_index,
+        paths=dict(resolved.paths),
     )
+
+
+def runtime_programs(runtime: RuntimeSpec) -> list[list[str]]:
+    """The sandbox's programs for the runtime's ``paths``: [host executable, path inside]."""
+    return [[str(runtime.executable(name)), inside] for inside, name in runtime.paths.items()]
+
+
+def _no_secret(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.username is None and parts.password is None
+
+
+def pip_settings(runtime: RuntimeSpec, sandbox: SandboxSpec | None) -> dict[str, str]:
+    """pip's settings for the job's command: a built runtime's installer options, and no
+    index at all where the learner has no network (the sandbox's own, or none), so that
+    ``pip install`` of a package the runtime lacks fails at once instead of retrying.
+    Index URLs that carry credentials are left out (they are the operator's)."""
+    settings = {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    if runtime.built:
+        # A wheel directory is shown where it really is (``runtime_read_only``).
+        links = [os.path.realpath(x) if x.startswith("/") else x for x in runtime.find_links]
+        links = [link for link in links if _no_secret(link)]
+        indexes = [url for url in runtime.extra_index_urls if _no_secret(url)]
+        if links:
+            settings["PIP_FIND_LINKS"] = " ".join(links)
+        if runtime.index_url and _no_secret(runtime.index_url):
+            settings["PIP_INDEX_URL"] = runtime.index_url
+        if indexes:
+            settings["PIP_EXTRA_INDEX_URL"] = " ".join(indexes)
+        if runtime.no_index:
+            settings["PIP_NO_INDEX"] = "1"
+    if sandbox is not None and sandbox.network != NETWORK_HOST:
+        settings["PIP_NO_INDEX"] = "1"
+    return settings
 
 
 def _platform_bins() -> set[str]:
@@ -155,13 +194,15 @@ def hidden_platform_packages(bound: list[str]) -> list[str]:
 
 def runtime_read_only(runtime: RuntimeSpec, home: Path) -> list[str] | None:
     """What a built environment's sandbox binds read-only: the environment (with its copy
-    of ``ffdl.sdk``) and the interpreter it was made from, and not the platform's packages.
-    None for the platform's environment (the sandbox binds the platform's Python)."""
+    of ``ffdl.sdk``), the interpreter it was made from and its wheel directories (pip
+    reads them), and not the platform's packages. None for the platform's environment
+    (the sandbox binds the platform's Python)."""
     if not runtime.built:
         return None
     home_text = str(home.resolve())
     paths = [runtime.path]
-    for prefix in {sys.base_prefix, sys.base_exec_prefix}:
+    links = [link for link in runtime.find_links if os.path.isdir(link)]
+    for prefix in sorted({sys.base_prefix, sys.base_exec_prefix}) + links:
         real = os.path.realpath(prefix)
         if real == "/usr" or real.startswith("/usr/"):
             continue  # the system is visible anyway

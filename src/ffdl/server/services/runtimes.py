@@ -7,9 +7,14 @@ with PyTorch and scikit-learn) or a Python environment built from pip requiremen
 once on first use by a learner's controller (``ffdl.learner.runtime``) and cached under the
 platform home, keyed by the digest of its definition.
 
+A runtime may also provide programs at paths of their own inside the learner sandbox
+(``paths``: FfDL's manifests call ``/opt/conda/bin/python``), bound when a job runs: they
+are no part of the environment, nor of its digest.
+
 This module owns the declaration (``RuntimeConfig``), the runtimes in force when the operator
-declares none for a framework, matching a framework and version to a runtime, and that
-digest. Matching is pure; only the defaults look at what is installed.
+declares none for a framework, matching a framework and version to a runtime, that digest,
+and the checks of ``paths`` made at start. Matching is pure; only the defaults and the start
+checks look at what is installed.
 """
 
 from __future__ import annotations
@@ -17,21 +22,26 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ffdl.core.errors import ManifestError
+from ffdl.learner.runtime import RuntimeSpec, missing_program
+from ffdl.learner.sandbox import reserved_path
 
 PLATFORM: Literal["platform"] = "platform"
 PYTHON: Literal["python"] = "python"
 ANY_VERSION = "*"
 # Bumped when the way an environment is built changes, so old caches are not reused.
-BUILD_FORMAT = 1
+# 2: pip is seeded into the environment.
+BUILD_FORMAT = 2
 
 
 class RuntimeConfig(BaseModel):
@@ -56,6 +66,9 @@ class RuntimeConfig(BaseModel):
     index_url: str | None = None
     extra_index_urls: list[str] = Field(default_factory=list)
     no_index: bool = False
+    # Programs the runtime provides inside the learner sandbox: absolute path -> "python"
+    # (its interpreter) or the name of an executable in its bin directory (``pip``).
+    paths: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("framework")
     @classmethod
@@ -99,6 +112,20 @@ class RuntimeConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _paths(self) -> RuntimeConfig:
+        for inside, name in self.paths.items():
+            if (problem := _path_problem(inside, name)) is not None:
+                raise ValueError(f"runtime {self.label!r}: paths entry {inside!r}: {problem}")
+        for inside in self.paths:
+            holder = next((p for p in self.paths if inside.startswith(p + "/")), None)
+            if holder is not None:
+                raise ValueError(
+                    f"runtime {self.label!r}: paths entry {inside!r} lies under the entry "
+                    f"{holder!r}"
+                )
+        return self
+
     @property
     def label(self) -> str:
         """The runtime's name as users see it."""
@@ -113,6 +140,48 @@ class RuntimeConfig(BaseModel):
     def describe(self) -> str:
         where = "the platform's environment" if not self.built else "a built Python environment"
         return f"{self.label} ({where})"
+
+
+def _path_problem(inside: str, name: str) -> str | None:
+    if not inside.startswith("/") or os.path.normpath(inside) != inside or inside == "/":
+        return "must be an absolute path, written plainly (no '..', '.', '//' or trailing '/')"
+    if (mount := reserved_path(inside)) is not None:
+        return f"collides with {mount}, which the learner sandbox mounts itself"
+    if not name or "/" in name or name in (".", ".."):
+        return f"{name!r} must name an executable of the runtime (python, pip, ...)"
+    return None
+
+
+def check_paths(declared: list[RuntimeConfig], home: Path) -> None:
+    """Refuse ``paths`` entries a learner's sandbox could never provide (ValueError naming
+    the entry): one inside the platform home or holding it (the jobs' own directories are
+    there), and, on the platform's environment, one naming an executable it lacks (a built
+    environment is checked once it is built, when a job runs)."""
+    root = str(home.resolve())
+    for runtime in declared:
+        for inside in runtime.paths:
+            if inside == root or inside.startswith(root + "/") or root.startswith(inside + "/"):
+                raise ValueError(
+                    f"runtime {runtime.label!r}: paths entry {inside!r}: collides with the "
+                    f"platform home {root}"
+                )
+        if runtime.paths and not runtime.built:
+            python = os.path.abspath(sys.executable)
+            own = RuntimeSpec(name=runtime.label, python=python, paths=dict(runtime.paths))
+            if (missing := missing_program(own)) is not None:
+                raise ValueError(missing)
+
+
+def unsandboxed_paths(declared: list[RuntimeConfig]) -> str | None:
+    """The warning for runtimes whose ``paths`` cannot be provided (no sandbox), if any."""
+    listed = [f"{r.label}: {', '.join(r.paths)}" for r in declared if r.paths]
+    if not listed:
+        return None
+    return (
+        "runtime paths are provided in the learner sandbox only; without it (--no-sandbox) "
+        "they are not, and a command calling them runs whatever the host has there, if "
+        f"anything ({'; '.join(listed)})"
+    )
 
 
 @dataclass(frozen=True, slots=True)

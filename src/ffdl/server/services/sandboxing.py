@@ -140,11 +140,13 @@ def learner_sandbox(
     dirs: JobDirs,
     volume: str | None,
     runtime_paths: list[str] | None = None,
+    programs: list[list[str]] | None = None,
 ) -> SandboxSpec | None:
     """The sandbox of one learner, or None when the operator turned sandboxes off.
 
     ``runtime_paths``: what a built runtime environment needs instead of the platform's
     Python (whose packages it must not see); None runs on the platform's Python.
+    ``programs``: [host executable, path inside] the runtime provides at paths of its own.
     """
     settings = platform.settings
     if not settings.sandbox:
@@ -178,6 +180,7 @@ def learner_sandbox(
         cgroup=f"ffdl-{job_id}-l{learner}-a{attempt}" if settings.learner_cgroups else "",
         cgroup_parent=settings.cgroup_parent or "",
         privileged=privileged,
+        programs=list(programs or []),
     )
     place_learner(sandbox, job_id, learner, num_learners, dirs)
     if runtime_paths is not None:
