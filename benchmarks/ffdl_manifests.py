@@ -3,7 +3,13 @@
 Given a directory of FfDL manifest files (``--manifests DIR``), this starts moto's S3 server
 and an ffdl platform, both on 127.0.0.1, configured as an operator migrating from FfDL would:
 
-- a runtime on the platform's environment for every framework the manifests name;
+- a runtime on the platform's environment for every framework the manifests name, with
+  ``/opt/conda/bin/python`` (where FfDL's learner images had their interpreter) provided in
+  the sandbox as its interpreter (``paths``);
+- given a wheelhouse (``--wheels DIR``, an operator's directory of wheels), for each
+  framework version whose commands install packages first (``pip install keras``), a
+  runtime built from it offline (``find_links``, ``no_index``) that already has them, as
+  that version's FfDL image had (with TensorBoard where its manifests write summaries);
 - every object-store endpoint the manifests name (FfDL's in-cluster
   ``http://s3.default.svc.cluster.local``, IBM Cloud hosts...) aliased to the S3 server
   (``object_store_endpoint_aliases``), public endpoints off, so that no name a manifest
@@ -20,9 +26,7 @@ a few lines that read FfDL's environment (``int(float(GPU_COUNT))``, ``LEARNER_I
 directories), check that the data files are there, write TensorBoard scalars where the
 manifest's metrics are ``tensorboard``, run the command a wrapper script wraps, and write a
 result file. Each manifest file is submitted byte for byte. A command that needs what cannot
-exist here (the ``caffe`` binary, ``/opt/conda/bin/python``, ``pip install`` from the
-internet inside a sandbox without network) fails: that is the true result, and the table
-says why.
+exist here (the ``caffe`` binary) fails: that is the true result, and the table says why.
 
     python benchmarks/ffdl_manifests.py --manifests DIR
 
@@ -65,6 +69,9 @@ SCRIPT = re.compile(r"(?<![\w/.$}-])((?:\$\{?MODEL_DIR\}?/|\./)?[\w][\w./-]*\.(?
 OTHER_CODE = re.compile(r"(?<![\w/.$}-])([\w][\w./-]*\.(?:prototxt|cfg|json|yaml|yml))(?![\w.])")
 SOURCED = re.compile(r"(?:^|[;&|]|\s)(?:\.|source)\s+([\w./-]+)")
 PYTHONS = ("python", "python3")
+PIP_INSTALL = re.compile(r"\bpip3? install ((?:[\w.-]+\s*)+)")
+# FfDL's learner images had their interpreter here; commands call it by this path.
+IMAGE_PATHS = {"/opt/conda/bin/python": "python"}
 # Loaded first by the server's interpreter: records every name it looks up (DNS audit).
 DNS_AUDIT = """
 import os, sys
@@ -331,9 +338,49 @@ def host_paths(all_needs: list[Needs], wanted: bool) -> Iterator[list[str]]:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def platform_config(all_needs: list[Needs], moto: str, store_paths: list[str]) -> dict[str, Any]:
+def declared_runtimes(all_needs: list[Needs], wheels: Path | None) -> list[dict[str, Any]]:
+    """The runtimes an FfDL operator declares for these manifests: the platform's
+    environment for every framework, with FfDL's image interpreter path; and, given a
+    wheelhouse, for each framework version whose commands install packages first (``pip
+    install keras``), a runtime built offline from it that already has them, as that
+    version's FfDL image did (with TensorBoard where its manifests write summaries)."""
     parsed = [n.manifest for n in all_needs if n.manifest is not None]
     frameworks = sorted({m.framework.name.lower() for m in parsed})
+    runtimes: list[dict[str, Any]] = [
+        {"framework": name, "environment": "platform", "paths": IMAGE_PATHS} for name in frameworks
+    ]
+    if wheels is None:
+        return runtimes
+    installing: dict[tuple[str, str], set[str]] = {}
+    for manifest in parsed:
+        for match in PIP_INSTALL.finditer(manifest.framework.command):
+            key = (manifest.framework.name.lower(), manifest.framework.version or "*")
+            installing.setdefault(key, set()).update(match.group(1).split())
+    for needs in all_needs:
+        if needs.manifest is None or needs.tensorboard_in is None:
+            continue
+        declared = needs.manifest.framework
+        summarised = (declared.name.lower(), declared.version or "*")
+        if summarised in installing:
+            installing[summarised].add("tensorboard")
+    for (framework, version), packages in sorted(installing.items()):
+        runtimes.append(
+            {
+                "framework": framework,
+                "version": version,
+                "requirements": sorted(packages),
+                "find_links": [str(wheels)],
+                "no_index": True,
+                "paths": IMAGE_PATHS,
+            }
+        )
+    return runtimes
+
+
+def platform_config(
+    all_needs: list[Needs], moto: str, store_paths: list[str], wheels: Path | None
+) -> dict[str, Any]:
+    parsed = [n.manifest for n in all_needs if n.manifest is not None]
     aliases: dict[str, str] = {}
     for needs in all_needs:
         connection = needs.store.get("connection") or {}
@@ -353,7 +400,7 @@ def platform_config(all_needs: list[Needs], moto: str, store_paths: list[str]) -
         **FAST_CONFIG,
         "sandbox": True,
         "nodes": nodes,
-        "runtimes": [{"framework": name, "environment": "platform"} for name in frameworks],
+        "runtimes": declared_runtimes(all_needs, wheels),
         "object_store_endpoints": [moto],
         "object_store_public_endpoints": False,
         "object_store_endpoint_aliases": aliases,
@@ -473,7 +520,9 @@ def spec_endpoints(home: Path) -> set[str]:
     return found
 
 
-def run(directory: Path, timeout: float, keep: bool, use_host_paths: bool) -> list[Outcome]:
+def run(
+    directory: Path, timeout: float, keep: bool, use_host_paths: bool, wheels: Path | None
+) -> list[Outcome]:
     all_needs = [read_needs(p) for p in sorted(directory.iterdir()) if p.is_file()]
     if not all_needs:
         raise SystemExit(f"no manifest files in {directory}")
@@ -490,7 +539,7 @@ def run(directory: Path, timeout: float, keep: bool, use_host_paths: bool) -> li
     try:
         with moto_process() as moto, host_paths(all_needs, use_host_paths) as store_paths:
             place_object_data(moto, all_needs)
-            config = platform_config(all_needs, moto, store_paths)
+            config = platform_config(all_needs, moto, store_paths, wheels)
             server = LiveServer(home=scratch / "home", config=config)
             server.start()
             try:
@@ -538,13 +587,22 @@ def main() -> None:
     parser.add_argument(
         "--no-host-paths", action="store_true", help="do not create host-mount paths"
     )
+    parser.add_argument(
+        "--wheels",
+        type=Path,
+        help="a directory of wheels (find_links) with what commands `pip install` first, "
+        "for the runtimes of their framework versions; without it those commands find "
+        "nothing to install",
+    )
     args = parser.parse_args()
+    if args.wheels is not None and not args.wheels.is_dir():
+        raise SystemExit(f"--wheels {args.wheels}: not a directory")
     if os.geteuid() != 0:
         raise SystemExit(
             "run as root: the sandbox then gives each job its own network namespace, so a "
             "manifest's `pip install` cannot reach beyond this machine"
         )
-    run(args.manifests, args.timeout, args.keep, not args.no_host_paths)
+    run(args.manifests, args.timeout, args.keep, not args.no_host_paths, args.wheels)
 
 
 if __name__ == "__main__":

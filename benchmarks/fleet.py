@@ -11,8 +11,8 @@ measures for ``--window`` seconds and prints one row per run:
 
 - submit → PROCESSING p50/p99 (from the jobs' own events), scheduling pass p50/p99 (the
   scheduler's ``/metrics`` histogram);
-- API latency p50/p99 for submit, list (first and a deep page), show and loglines, under
-  that load;
+- API latency p50/p99 for submit, list (first and a deep page, by offset and by keyset),
+  show and loglines, under that load;
 - report ingestion: log lines/s and metric points/s acknowledged, and the harness's backlog;
 - each replica's RSS, the database's growth per million log lines, one ``/metrics``
   scrape's time and size, control-plane CPU seconds per job start.
@@ -203,7 +203,7 @@ class Fleet:
         self.stored = stored
         self.lock = threading.Lock()
         self.latency: dict[str, list[float]] = {
-            k: [] for k in ("submit", "list", "list deep", "show", "loglines")
+            k: [] for k in ("submit", "list", "list deep", "list after", "show", "loglines")
         }
         self.submitted: list[str] = []
         self.errors: dict[int, int] = {}
@@ -336,6 +336,9 @@ class Fleet:
             for r in replicas
         ]
         deep = max(0, self.stored - 100)
+        # The same deep page by keyset (``after``): the cursor of the job just before it.
+        cursor = clients[0].get("/v1/models", params={"limit": 1, "offset": max(deep - 1, 0)})
+        after = cursor.json().get("next") if cursor.status_code == 200 else None
         try:
             while not self.stop.wait(0.1):
                 client = rng.choice(clients)
@@ -343,6 +346,8 @@ class Fleet:
                     known = list(self.submitted[-200:])
                 calls = [("list", "/v1/models", {"limit": 50})]
                 calls.append(("list deep", "/v1/models", {"limit": 50, "offset": deep}))
+                if after is not None:
+                    calls.append(("list after", "/v1/models", {"limit": 50, "after": after}))
                 if known:
                     job_id = rng.choice(known)
                     calls.append(("show", f"/v1/models/{job_id}", {}))
@@ -511,7 +516,7 @@ def print_runs(runs: list[Run]) -> None:
             "API latency (s)",
             [
                 f"{n} {q}"
-                for n in ("submit", "list", "list deep", "show", "loglines")
+                for n in ("submit", "list", "list deep", "list after", "show", "loglines")
                 for q in ("p50", "p99")
             ],
         ),

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, serving
-from tests.learner.test_runtime import PINNED, PINNED_VERSION, make_wheel
+from tests.learner.test_runtime import PINNED, PINNED_VERSION
+from tests.wheels import make_wheel
 
 # Reports which iniconfig it sees and whether anything of the platform is visible.
 PROBE = """
@@ -49,7 +50,7 @@ def platform_site() -> str:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("runtimes")
     wheels = root / "wheels"
-    make_wheel(wheels)
+    make_wheel(wheels, PINNED, PINNED_VERSION)
     offline = {"find_links": [str(wheels)], "no_index": True}
     pinned = {"requirements": [f"{PINNED}=={PINNED_VERSION}"], **offline}
     conda = {"/opt/conda/bin/python": "python"}

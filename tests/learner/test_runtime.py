@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import subprocess
 import sys
 import threading
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,40 +19,11 @@ from ffdl.learner.runtime import (
     missing_program,
     runtime_from_dict,
 )
+from tests.wheels import make_wheel
 
 # A distribution the platform has installed, at a version it does not have.
 PINNED = "iniconfig"
 PINNED_VERSION = "99.0.1"
-
-
-def make_wheel(directory: Path, name: str = PINNED, version: str = PINNED_VERSION) -> Path:
-    """A minimal pure-Python wheel of ``name`` whose module reports ``version``."""
-    files = {
-        f"{name}/__init__.py": f"__version__ = {version!r}\nBUILT_BY = 'ffdl-runtime-test'\n",
-        f"{name}-{version}.dist-info/METADATA": (
-            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-        ),
-        f"{name}-{version}.dist-info/WHEEL": (
-            "Wheel-Version: 1.0\nGenerator: ffdl-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-        ),
-    }
-
-    def record_hash(data: bytes) -> str:
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-        return f"sha256={digest.decode()}"
-
-    record = "".join(
-        f"{path},{record_hash(text.encode())},{len(text.encode())}\n"
-        for path, text in files.items()
-    )
-    record += f"{name}-{version}.dist-info/RECORD,,\n"
-    directory.mkdir(parents=True, exist_ok=True)
-    wheel = directory / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        for path, text in files.items():
-            archive.writestr(path, text)
-        archive.writestr(f"{name}-{version}.dist-info/RECORD", record)
-    return wheel
 
 
 def offline_spec(root: Path, wheels: Path, *requirements: str, name: str = "rt") -> RuntimeSpec:
@@ -74,7 +42,7 @@ def offline_spec(root: Path, wheels: Path, *requirements: str, name: str = "rt")
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("wheels")
-    make_wheel(directory)
+    make_wheel(directory, PINNED, PINNED_VERSION)
     return directory
 
 
