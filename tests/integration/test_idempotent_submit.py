@@ -222,6 +222,9 @@ LATER_COLUMNS = {
     ),
     "learners": ("gpu_util", "gpu_memory_mb", "gpu_power_w", "gpu_stats", "gpu_sampled_at"),
 }
+# Revision 0005: each job's record numbers, and the index of the jobs' list order.
+LATER_INDEXES = ("ix_jobs_tenant_status", "ix_jobs_submitted_id")
+NUMBERED = {"log_lines": "last_line_number", "metrics": "last_metric_number"}
 
 
 def test_the_key_index_is_added_to_an_older_database(tmp_path: Path) -> None:
@@ -234,11 +237,16 @@ def test_the_key_index_is_added_to_an_older_database(tmp_path: Path) -> None:
         db.execute("ALTER TABLE jobs DROP COLUMN idempotency_key")
         db.execute("ALTER TABLE jobs DROP COLUMN idempotency_digest")
         # What a database from before migrations looked like: no revision, and nothing that
-        # later revisions (0002, 0003) added.
+        # later revisions (0002 to 0005) added.
         db.execute("DROP TABLE alembic_version")
         for table in ("leases", "replicas", "gpu_samples", "cluster_samples"):
             db.execute(f"DROP TABLE {table}")
-        db.execute("DROP INDEX ix_jobs_tenant_status")
+        for index in LATER_INDEXES:
+            db.execute(f"DROP INDEX {index}")
+        for table, counter in NUMBERED.items():
+            db.execute(f"DROP INDEX ux_{table}_job_number")
+            db.execute(f"ALTER TABLE {table} DROP COLUMN number")
+            db.execute(f"ALTER TABLE jobs DROP COLUMN {counter}")
         for table, columns in LATER_COLUMNS.items():
             for column in columns:
                 db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")

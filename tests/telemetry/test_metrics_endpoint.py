@@ -105,6 +105,37 @@ def test_series_move_as_a_job_runs_and_completes(world: World) -> None:
     )
     assert value(after, "ffdl_deploy_duration_seconds_count") >= 1
     assert value(after, "ffdl_node_gpus", node="node-a") == 4
+    assert value(after, "ffdl_nodes", gpu_type="cpu") == 1
+    assert value(after, "ffdl_gpus", gpu_type="cpu") == 4
+
+
+def test_past_the_node_limit_only_the_per_type_totals_are_scraped(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    nodes = [
+        {"name": f"n{i}", "gpus": 8, "cpus": 16, "memory": "64GiB", "gpu_type": kind}
+        for i, kind in enumerate(["h100", "h100", "a100"])
+    ]
+    home = tmp_path_factory.mktemp("many-nodes") / "home"
+    config = {
+        **FAST_CONFIG,
+        "nodes": nodes,
+        "metrics_token": SCRAPE_TOKEN,
+        "metrics_node_series_max": 2,
+    }
+    with serving(LiveServer(home=home, config=config)) as server:
+        job_id = server.submit_ok(manifest_yaml("sleep 30", gpus=2, gpu_type="a100"))
+        server.wait_status(job_id, {"PROCESSING"}, timeout=60)
+        found = samples(server)
+        server.client.delete(f"/v1/models/{job_id}")
+    assert not {"ffdl_node_gpus", "ffdl_node_gpus_allocated", "ffdl_node_gpus_busy"} & names(
+        found
+    )
+    assert value(found, "ffdl_nodes", gpu_type="h100") == 2
+    assert value(found, "ffdl_gpus", gpu_type="h100") == 16
+    assert value(found, "ffdl_gpus", gpu_type="a100") == 8
+    assert value(found, "ffdl_gpus_allocated", gpu_type="a100") == 2
+    assert value(found, "ffdl_gpus_allocated", gpu_type="h100") == 0
 
 
 def test_a_failure_is_counted_by_its_code(world: World) -> None:

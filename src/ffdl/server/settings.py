@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     # A bearer token that may read ``GET /metrics`` (every series) and nothing else: give it
     # to Prometheus rather than a user's token. Unset: only users' tokens scrape.
     metrics_token: str | None = Field(default=None, min_length=16)
+    # Above this many nodes ``/metrics`` leaves out the per-node series (three per node:
+    # a 10,000-node scrape would carry 30,000 of them); the per-GPU-type totals stay.
+    metrics_node_series_max: int = Field(default=1000, ge=0)
     loop_hang_s: float = Field(default=120.0, gt=0)
 
     # Elastic API pool (``ffdl up --workers MIN..MAX``, ``ffdl.server.pool``): the API is

@@ -33,6 +33,7 @@ CHANNEL = "ffdl_wakeups"
 # and how long it waits before listening again after losing its connection.
 LISTEN_POLL_S = 0.5
 RECONNECT_S = 1.0
+WARN_AFTER_FAILURES = 3
 
 
 class WakeupRelay:
@@ -50,7 +51,8 @@ class WakeupRelay:
         self._wanted = threading.Event()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._failing = False
+        self._failures = 0  # in a row, since the listener last listened
+        self._warned = False
         self.sent = 0
         self.received = 0
 
@@ -102,14 +104,21 @@ class WakeupRelay:
             try:
                 self._listen()
             except Exception as exc:
-                if not self._failing and not self._stopping.is_set():
-                    # Once per streak: an outage of the database is logged by the store.
+                self._failures += 1
+                # An outage of the database is the store's to log, once: the listener only
+                # speaks up when it keeps failing while the store reaches the database.
+                if (
+                    not self._warned
+                    and self._failures >= WARN_AFTER_FAILURES
+                    and self._store.availability.down_since is None
+                    and not self._stopping.is_set()
+                ):
                     log.warning(
                         "not hearing other replicas' wake-ups (%s); their work waits for "
                         "the loops' intervals until this reconnects",
                         self._store.unreachable_message(exc),
                     )
-                self._failing = True
+                    self._warned = True
                 self._stopping.wait(RECONNECT_S)
 
     def _listen(self) -> None:
@@ -121,9 +130,10 @@ class WakeupRelay:
         try:
             conn.autocommit = True
             conn.execute(f"LISTEN {CHANNEL}")
-            if self._failing:
+            if self._warned:
                 log.info("relaying wake-ups between replicas again")
-                self._failing = False
+            self._warned = False
+            self._failures = 0
             while not self._stopping.is_set():
                 for note in conn.notifies(timeout=LISTEN_POLL_S):
                     self._received(str(note.payload))

@@ -25,6 +25,7 @@ from sqlalchemy import and_, func, select
 
 from ffdl.core.errors import Unavailable
 from ffdl.core.progress import remaining_now
+from ffdl.core.resources import Node
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.server.platform import Platform
 from ffdl.server.services.nodes import effective_nodes
@@ -198,6 +199,16 @@ class StoreCollector(Collector):
     def _node_series(self, snapshot: _Snapshot) -> Iterator[Metric]:
         # The backend may be remote (Ray): asked after the read transaction has ended.
         nodes = effective_nodes(self._platform)
+        held: Tally[str] = Tally()
+        working: dict[str, float] = {}
+        for row in snapshot.learners:
+            gpu_count = len(row.gpu_ids or [])
+            held[row.node] += gpu_count
+            if row.gpu_util is not None:
+                working[row.node] = working.get(row.node, 0.0) + row.gpu_util / 100.0 * gpu_count
+        yield from _type_totals(nodes, held, working)
+        if len(nodes) > self._platform.settings.metrics_node_series_max:
+            return
         total = GaugeMetricFamily("ffdl_node_gpus", "GPUs a node offers.", labels=["node"])
         allocated = GaugeMetricFamily(
             "ffdl_node_gpus_allocated", "GPUs of a node held by learners.", labels=["node"]
@@ -207,15 +218,38 @@ class StoreCollector(Collector):
             "GPUs of a node really busy: its learners' latest utilisation summed, in GPUs.",
             labels=["node"],
         )
-        held: Tally[str] = Tally()
-        working: dict[str, float] = {}
-        for row in snapshot.learners:
-            gpu_count = len(row.gpu_ids or [])
-            held[row.node] += gpu_count
-            if row.gpu_util is not None:
-                working[row.node] = working.get(row.node, 0.0) + row.gpu_util / 100.0 * gpu_count
         for node in nodes:
             total.add_metric([node.name], node.gpus)
             allocated.add_metric([node.name], held[node.name])
             busy.add_metric([node.name], working.get(node.name, 0.0))
         yield from (total, allocated, busy)
+
+
+def _type_totals(
+    nodes: list[Node], held: Tally[str], working: dict[str, float]
+) -> Iterator[Metric]:
+    """The nodes and their GPUs added up per GPU type: a few series however large the
+    cluster (the per-node ones stop at ``metrics_node_series_max`` nodes)."""
+    count = GaugeMetricFamily("ffdl_nodes", "Nodes, by GPU type.", labels=["gpu_type"])
+    total = GaugeMetricFamily("ffdl_gpus", "GPUs the nodes offer, by type.", labels=["gpu_type"])
+    allocated = GaugeMetricFamily(
+        "ffdl_gpus_allocated", "GPUs held by learners, by type.", labels=["gpu_type"]
+    )
+    busy = GaugeMetricFamily(
+        "ffdl_gpus_busy",
+        "GPUs really busy (learners' latest utilisation summed, in GPUs), by type.",
+        labels=["gpu_type"],
+    )
+    by_type: dict[str, list[float]] = {}
+    for node in nodes:
+        sums = by_type.setdefault(node.gpu_type or "none", [0.0, 0.0, 0.0, 0.0])
+        sums[0] += 1
+        sums[1] += node.gpus
+        sums[2] += held[node.name]
+        sums[3] += working.get(node.name, 0.0)
+    for gpu_type, (nodes_of, gpus, held_of, busy_of) in sorted(by_type.items()):
+        count.add_metric([gpu_type], nodes_of)
+        total.add_metric([gpu_type], gpus)
+        allocated.add_metric([gpu_type], held_of)
+        busy.add_metric([gpu_type], busy_of)
+    yield from (count, total, allocated, busy)
