@@ -128,9 +128,7 @@ def test_past_the_node_limit_only_the_per_type_totals_are_scraped(
         server.wait_status(job_id, {"PROCESSING"}, timeout=60)
         found = samples(server)
         server.client.delete(f"/v1/models/{job_id}")
-    assert not {"ffdl_node_gpus", "ffdl_node_gpus_allocated", "ffdl_node_gpus_busy"} & names(
-        found
-    )
+    assert not {"ffdl_node_gpus", "ffdl_node_gpus_allocated", "ffdl_node_gpus_busy"} & names(found)
     assert value(found, "ffdl_nodes", gpu_type="h100") == 2
     assert value(found, "ffdl_gpus", gpu_type="h100") == 16
     assert value(found, "ffdl_gpus", gpu_type="a100") == 8
