@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from ffdl.core.manifest import ElasticSpec
 from ffdl.elastic.efficiency import GradientStats
 from ffdl.elastic.optimizer import (
     MAX_GPU_CHOICES,
@@ -18,6 +19,7 @@ from ffdl.elastic.optimizer import (
     useful_progress,
 )
 from ffdl.elastic.throughput import ThroughputModel
+from ffdl.server.loops.autoscaler import batch_choice
 
 FAIRNESS_AFTER_S = 600.0
 
@@ -262,3 +264,25 @@ def test_invalid_calls_are_rejected() -> None:
     with pytest.raises(ValueError):
         optimize([make_job()], 8, restart_penalty=-0.1)
     assert optimize([], 8) == Plan(allocations=(), objective=0.0, changed=())
+
+
+def test_a_small_batch_range_floor_keeps_the_small_gpu_counts_it_can_feed() -> None:
+    """Batch 8..512 with 4..8 samples per GPU on up to 64 GPUs: 1 GPU (batch 8) is a
+    choice, and the efficiency reference is the batch the job starts with, not 8 per GPU
+    of the largest count."""
+    elastic = ElasticSpec.model_validate(
+        {
+            "gpus": {"min": 1, "max": 64},
+            "batch_size": {"min": 8, "max": 512},
+            "local_batch_size": {"min": 4, "max": 8},
+        }
+    )
+    batch_range, base_batch = batch_choice(elastic, 64)
+    assert (batch_range, base_batch) == ((8, 512), 8)
+    job = make_job(
+        gpu_range=(1, 64), batch_range=batch_range, base_batch=base_batch, local_batch_range=(4, 8)
+    )
+    choices = gpu_candidates(job, 64)
+    assert choices[0] == 1 and {1, 2, 4} <= set(choices)
+    plan = optimize([job], 4)
+    assert allocation_of(plan, job.id)[0] in (1, 2, 3, 4)

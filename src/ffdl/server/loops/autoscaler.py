@@ -27,7 +27,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from ffdl.core.manifest import Manifest
+from ffdl.core.manifest import ElasticSpec, Manifest
 from ffdl.core.resources import Placement
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.elastic.autoscale import Candidate, autoscale
@@ -166,11 +166,7 @@ class AutoscalerLoop:
         # No job uses more than the cluster, and the optimizer thins a long range to a few
         # choices: thinned over the cluster's sizes, its steps fall where they can be used.
         high = max(min(high, cluster_gpus - cluster_gpus % per), low)
-        batch_range = None
-        base_batch = max(64 * high, 1)
-        if elastic.batch_size is not None:
-            batch_range = (max(elastic.batch_size.min, high), max(elastic.batch_size.max, high))
-            base_batch = batch_range[0]
+        batch_range, base_batch = batch_choice(elastic, high)
         pinned = job.pinned_gpus
         if pinned is None and elastic.schedule and epoch_now is not None:
             pinned = apply_schedule(
@@ -340,6 +336,20 @@ def gradient_stats(session: Any, job_ids: list[str]) -> dict[str, GradientStats]
         for job_id, acc in sums.items()
         if acc[0] > 0
     }
+
+
+def batch_choice(elastic: ElasticSpec, gpu_cap: int) -> tuple[tuple[int, int] | None, int]:
+    """A job's batch range for the optimizer and its efficiency reference batch (``b0``).
+
+    The range is the manifest's, as written: the optimizer itself keeps every GPU's share
+    of a batch within the per-GPU limits (at least one sample), so a small batch only rules
+    out GPU counts it cannot feed, never the small counts it can. ``b0`` is the batch the
+    job starts with (the range's minimum), whatever its GPU range. Without a range the
+    batch is not the optimizer's to choose, and ``b0`` is 64 samples per GPU of the cap.
+    """
+    if elastic.batch_size is None:
+        return None, max(64 * gpu_cap, 1)
+    return (elastic.batch_size.min, elastic.batch_size.max), elastic.batch_size.min
 
 
 def _on(job: Job, nodes: set[str]) -> bool:
