@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import psycopg
 import pytest
 from sqlalchemy import text
-from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.exc import PendingRollbackError, ProgrammingError
 
 from ffdl.core.errors import InsufficientStorage, Unavailable
+from ffdl.server.store.availability import fault_of
 from ffdl.server.store.db import Store, server_address
 from tests.postgres import PostgresServer, free_port
 
@@ -109,3 +111,31 @@ def test_a_sqlite_write_without_room_is_507_and_leaves_nothing(tmp_path: Path) -
 )
 def test_a_url_naming_several_servers_is_shown_with_each(url: str, shown: str) -> None:
     assert server_address(url) == shown
+
+
+def _raised_while_handling(cause: BaseException, error: BaseException) -> BaseException:
+    """``error`` raised while ``cause`` was being handled, as SQLAlchemy does when a commit
+    fails under it: Python records ``cause`` as its context."""
+    try:
+        try:
+            raise cause
+        except type(cause):
+            raise error from None
+    except BaseException as raised:  # the test inspects it
+        raised.__context__ = cause
+        return raised
+
+
+def test_a_commit_cut_off_by_the_server_going_away_is_a_fault_not_a_500() -> None:
+    """The server killed during a commit: SQLAlchemy, handling the driver's error, raises
+    PendingRollbackError with that error (unwrapped) as its context."""
+    dropped = psycopg.OperationalError("consuming input failed: server closed the connection")
+    pending = _raised_while_handling(dropped, PendingRollbackError("Can't reconnect until..."))
+    assert fault_of(pending, "postgresql") == "away"
+    assert fault_of(dropped, "postgresql") == "away"
+    # A pending rollback after the statement's own error stays the caller's error.
+    wrong = psycopg.errors.UndefinedTable("relation x does not exist")
+    assert (
+        fault_of(_raised_while_handling(wrong, PendingRollbackError("...")), "postgresql") is None
+    )
+    assert fault_of(PendingRollbackError("no context"), "postgresql") is None

@@ -122,21 +122,19 @@ def _is_archive_error(exc: BaseException) -> bool:
 # -- deploy -------------------------------------------------------------------------------
 
 
-def _done_steps(platform: Platform, job_id: str, attempt: int) -> set[str]:
-    with platform.store.read() as session:
-        return set(
-            session.scalars(
-                select(DeployStep.step).where(
-                    DeployStep.job_id == job_id, DeployStep.attempt == attempt
-                )
+def _steps_done(session: Session, job_id: str, attempt: int) -> set[str]:
+    return set(
+        session.scalars(
+            select(DeployStep.step).where(
+                DeployStep.job_id == job_id, DeployStep.attempt == attempt
             )
         )
+    )
 
 
-def _record_step(platform: Platform, job_id: str, attempt: int, step: str) -> None:
-    with platform.store.write() as session:
-        if session.get(DeployStep, (job_id, attempt, step)) is None:
-            session.add(DeployStep(job_id=job_id, attempt=attempt, step=step, done_at=utcnow()))
+def _add_step(session: Session, job_id: str, attempt: int, step: str) -> None:
+    if session.get(DeployStep, (job_id, attempt, step)) is None:
+        session.add(DeployStep(job_id=job_id, attempt=attempt, step=step, done_at=utcnow()))
 
 
 def deploy(platform: Platform, job_id: str) -> None:
@@ -145,6 +143,10 @@ def deploy(platform: Platform, job_id: str) -> None:
 
 
 def _deploy(platform: Platform, job_id: str) -> None:
+    # A deploy commits as few transactions as it can: while many jobs start, each commit
+    # waits its turn behind the learners' reports (one writer on SQLite, one WAL flush on
+    # PostgreSQL). One read; the preparation, its results location and every learner row
+    # in one write; then one write per learner launched, which records its handle.
     with platform.store.read() as session:
         job = session.get(Job, job_id)
         if job is None or job.status != JobStatus.PENDING.value:
@@ -152,26 +154,32 @@ def _deploy(platform: Platform, job_id: str) -> None:
         attempt, manifest = job.attempt, Manifest.from_dict(job.manifest)
         placement = Placement.from_json(job.placement or [])
         master_port, batch_size = job.master_port, job.batch_size
+        done = _steps_done(session, job_id, attempt)
     dirs = JobDirs.of(platform.settings.jobs_dir, job_id)
-    done = _done_steps(platform, job_id, attempt)
+    to_launch = [lp for lp in placement.learners if f"learner-{lp.learner}" not in done]
     try:
-        if "prepare" not in done:
+        prepared = "prepare" in done
+        if not prepared:
             owner = sandbox_owner(platform, job_id)
             dirs.create(len(placement.learners), owner)
             unpack_archive(dirs.archive, dirs.code)
             if owner is not None:
                 hand_over(str(dirs.code), *owner)
                 dirs.code.chmod(0o700)
-            _record_results_location(
-                platform,
-                job_id,
-                results_path(platform.settings, manifest, job_id) or results_url(manifest, job_id),
-            )
-            _record_step(platform, job_id, attempt, "prepare")
-        for lp in placement.learners:
+        if not prepared or to_launch:
+            location = None
+            if not prepared:
+                location = results_path(platform.settings, manifest, job_id) or results_url(
+                    manifest, job_id
+                )
+            with platform.store.write() as session:
+                if not prepared:
+                    _record_results_location(session, job_id, dirs, location)
+                    _add_step(session, job_id, attempt, "prepare")
+                for lp in to_launch:
+                    _add_learner_row(session, job_id, lp.learner, attempt, lp.node, lp.gpu_ids)
+        for lp in to_launch:
             step = f"learner-{lp.learner}"
-            if step in done:
-                continue
             spec = build_spec(
                 platform,
                 job_id,
@@ -183,7 +191,6 @@ def _deploy(platform: Platform, job_id: str) -> None:
                 dirs,
                 batch_size,
             )
-            _ensure_learner_row(platform, job_id, lp.learner, attempt, lp.node, lp.gpu_ids)
             # A replica that lost the LCM's lease (frozen, cut off) must not start learners
             # that the new holder starts too.
             ensure_fence_held(platform.store)
@@ -201,10 +208,7 @@ def _deploy(platform: Platform, job_id: str) -> None:
                         learner.gpu_ids = list(bound)
                 if bound is not None and bound != lp.gpu_ids:
                     _record_bound_gpus(session, job_id, attempt, lp, bound)
-                if session.get(DeployStep, (job_id, attempt, step)) is None:
-                    session.add(
-                        DeployStep(job_id=job_id, attempt=attempt, step=step, done_at=utcnow())
-                    )
+                _add_step(session, job_id, attempt, step)
     except (LeaseLost, StatusChanged, Unavailable):
         raise  # the step stays unrecorded: the next pass takes it up again
     except StoreError as exc:
@@ -239,12 +243,12 @@ def _record_bound_gpus(
     ]
 
 
-def _record_results_location(platform: Platform, job_id: str, target: Path | str | None) -> None:
-    location = target or JobDirs.of(platform.settings.jobs_dir, job_id).results
-    with platform.store.write() as session:
-        job = session.get(Job, job_id)
-        if job is not None:
-            job.results_location = str(location)
+def _record_results_location(
+    session: Session, job_id: str, dirs: JobDirs, target: Path | str | None
+) -> None:
+    job = session.get(Job, job_id)
+    if job is not None:
+        job.results_location = str(target or dirs.results)
 
 
 def build_spec(
@@ -399,22 +403,21 @@ def _learner(session: Session, job_id: str, index: int, attempt: int) -> Learner
     ).first()
 
 
-def _ensure_learner_row(
-    platform: Platform, job_id: str, index: int, attempt: int, node: str, gpu_ids: tuple[int, ...]
+def _add_learner_row(
+    session: Session, job_id: str, index: int, attempt: int, node: str, gpu_ids: tuple[int, ...]
 ) -> None:
-    with platform.store.write() as session:
-        if _learner(session, job_id, index, attempt) is None:
-            session.add(
-                Learner(
-                    job_id=job_id,
-                    index=index,
-                    attempt=attempt,
-                    status=LearnerStatus.PENDING.value,
-                    node=node,
-                    gpu_ids=list(gpu_ids),
-                    updated_at=utcnow(),
-                )
+    if _learner(session, job_id, index, attempt) is None:
+        session.add(
+            Learner(
+                job_id=job_id,
+                index=index,
+                attempt=attempt,
+                status=LearnerStatus.PENDING.value,
+                node=node,
+                gpu_ids=list(gpu_ids),
+                updated_at=utcnow(),
             )
+        )
 
 
 def _fail(platform: Platform, job_id: str, reason: str, code: str) -> None:
@@ -447,17 +450,19 @@ def _stop_learners(platform: Platform, job_id: str, status: JobStatus, reason: s
     Returns True once no learner of the current attempt runs any more (all reported, or
     killed and marked HALTED with ``reason``); False while they still have time.
     """
+    step = f"{status.value.lower()}-signal"
     with platform.store.read() as session:
         job = session.get(Job, job_id)
         if job is None or job.status != status.value:
             return False
         attempt, since = job.attempt, job.status_changed_at
+        signalled = step in _steps_done(session, job_id, attempt)
     launched = [(i, h) for i, h in _live_learners(platform, job_id) if h]
-    step = f"{status.value.lower()}-signal"
-    if launched and step not in _done_steps(platform, job_id, attempt):
+    if launched and not signalled:
         for _index, handle in launched:
             platform.backend.signal_halt(handle)
-        _record_step(platform, job_id, attempt, step)
+        with platform.store.write() as session:
+            _add_step(session, job_id, attempt, step)
     overdue = utcnow() - since > timedelta(seconds=platform.settings.halt_grace_s + 10)
     if launched and not overdue:
         return False  # learners checkpoint and report HALTED; their report wakes us again

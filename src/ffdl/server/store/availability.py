@@ -72,30 +72,54 @@ class DatabaseFull(InsufficientStorage):
         )
 
 
+# DB-API drivers whose own errors can reach the store unwrapped, and the PEP 249 classes
+# of theirs that mean the connection, not the statement, failed.
+_DRIVERS = frozenset({"psycopg", "sqlite3"})
+_CONNECTION_ERRORS = frozenset({"OperationalError", "InterfaceError"})
+
+
 def fault_of(exc: BaseException, dialect: str) -> Fault | None:
     """Whether ``exc`` means the database is away, its disk full, or neither."""
     if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
         return "full"
     if isinstance(exc, sa_exc.DisconnectionError | sa_exc.TimeoutError):
         return "away"
-    if not isinstance(exc, sa_exc.DBAPIError):
+    if isinstance(exc, sa_exc.PendingRollbackError):
+        # Raised while SQLAlchemy handles a commit that failed (the connection dropped
+        # under it): the fault is that failure's, a driver error it has not wrapped.
+        cause = exc.__context__
+        return None if cause is None else fault_of(cause, dialect)
+    original: BaseException | None
+    if isinstance(exc, sa_exc.DBAPIError):
+        original, invalidated = exc.orig, exc.connection_invalidated
+    elif _is_driver_error(exc):
+        original, invalidated = exc, False
+    else:
         return None
-    original = exc.orig
     if isinstance(original, sqlite3.Error):
         code = getattr(original, "sqlite_errorcode", None)
         return "full" if code == SQLITE_FULL or "disk is full" in str(original) else None
     sqlstate = str(getattr(original, "sqlstate", None) or "")
     if sqlstate in _FULL_SQLSTATES:
         return "full"
-    if exc.connection_invalidated:
+    if invalidated:
         return "away"
     if sqlstate in _AWAY_SQLSTATES or sqlstate.startswith(_AWAY_SQLSTATE_PREFIXES):
         return "away"
     # psycopg's errors without a SQLSTATE (connection refused, a dropped socket) are
     # OperationalError or InterfaceError; those with one were sorted above.
     if dialect == "postgresql" and not sqlstate:
-        return "away" if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError) else None
+        named = {cls.__name__ for cls in type(original).__mro__}
+        return "away" if named & _CONNECTION_ERRORS else None
     return None
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    """A DB-API driver's own error (PEP 249: its classes derive from one ``Error``)."""
+    return any(
+        cls.__name__ == "Error" and cls.__module__.split(".")[0] in _DRIVERS
+        for cls in type(exc).__mro__
+    )
 
 
 # One server's failure in psycopg's list of them, for a URL naming several servers.
