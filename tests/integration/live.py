@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import yaml
+from websocket import ABNF
 
 from ffdl.learner.cgroups import LearnerCgroup
 from ffdl.learner.sandbox import KILLED_HOLD_S, NETNS_PREFIX, remove_netns_if_unused
@@ -251,6 +252,41 @@ def serving(server: LiveServer) -> Iterator[LiveServer]:
     finally:
         server.stop()
         server.kill_learners()
+
+
+@contextlib.contextmanager
+def serving_replicas(home: Path, config: dict[str, Any], count: int) -> Iterator[list[LiveServer]]:
+    """``count`` replicas sharing ``home`` and ``config`` (its shared ``database_url``),
+    started one after another (the first creates the schema and the administrator); on the
+    way out each is stopped and every controller they started is killed."""
+    started: list[LiveServer] = []
+    try:
+        for n in range(count):
+            replica = LiveServer(home=home, config=dict(config), log_name=f"r{n}.log")
+            replica.start()
+            started.append(replica)
+        yield started
+    finally:
+        for replica in started:
+            if replica.proc is not None:
+                # One a test froze (SIGSTOP) must run again to stop.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(replica.proc.pid, signal.SIGCONT)
+            replica.stop()
+        if started:
+            started[0].kill_learners()
+
+
+def socket_lines(ws: Any) -> list[str]:
+    """The text a websocket sends until the server closes it, as lines (FfDL's follow)."""
+    received: list[str] = []
+    while True:
+        opcode, frame = ws.recv_data(control_frame=True)
+        if opcode == ABNF.OPCODE_CLOSE:
+            break
+        if opcode == ABNF.OPCODE_TEXT:
+            received.append(frame.decode())
+    return "".join(received).splitlines()
 
 
 def running_server(home: Path, **config: Any) -> contextlib.AbstractContextManager[LiveServer]:

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import websocket
 
-from tests.integration.live import LiveServer, manifest_yaml
+from tests.integration.live import LiveServer, manifest_yaml, socket_lines
 
 PRINT_LINES = """
 for i in range(1, 31):
@@ -197,17 +197,10 @@ def _socket_text(server: LiveServer, job_id: str, since_time: str) -> list[str]:
         subprotocols=["ws"],
         timeout=60,
     )
-    received: list[str] = []
     try:
-        while True:
-            opcode, frame = ws.recv_data(control_frame=True)
-            if opcode == websocket.ABNF.OPCODE_CLOSE:
-                break
-            if opcode == websocket.ABNF.OPCODE_TEXT:
-                received.append(frame.decode())
+        return socket_lines(ws)
     finally:
         ws.close()
-    return "".join(received).splitlines()
 
 
 def test_each_job_numbers_its_own_lines_the_same_in_every_view(server: LiveServer) -> None:

@@ -24,7 +24,14 @@ import jsonschema
 import pytest
 import websocket
 
-from tests.integration.live import LiveServer, code_zip, manifest_yaml, serving, wait_for
+from tests.integration.live import (
+    LiveServer,
+    code_zip,
+    manifest_yaml,
+    serving,
+    socket_lines,
+    wait_for,
+)
 
 USER = "test-user"
 PASSWORD = "migrated from FfDL"
@@ -193,15 +200,8 @@ def test_logs_follow_streams_live_lines_over_a_websocket_until_the_job_ends(wire
     )
     results = Path(wire.server.model(job_id)["results"]["location"])
     (results / "go").write_text("")  # the job prints its lines only now, while followed
-    received: list[str] = []
-    while True:
-        opcode, frame = ws.recv_data(control_frame=True)
-        if opcode == websocket.ABNF.OPCODE_CLOSE:
-            break
-        if opcode == websocket.ABNF.OPCODE_TEXT:
-            received.append(frame.decode())
+    lines = socket_lines(ws)
     ws.close()
-    lines = "".join(received).splitlines()
     assert [line for line in lines if line.startswith("paced")] == [f"paced {i}" for i in range(4)]
     assert wire.status(job_id) == "COMPLETED"
 

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ffdl.client.http import ApiError, Client
 from tests.benchmark_modules import load_benchmark
 from tests.integration import views
-from tests.integration.live import FAST_CONFIG, LiveServer, wait_for
+from tests.integration.live import FAST_CONFIG, LiveServer, serving_replicas, wait_for
 from tests.integration.steps_job import steps_job
 from tests.postgres import PostgresServer
 
@@ -44,18 +44,8 @@ def replicas(tmp_path: Path, database: PostgresServer) -> Iterator[list[LiveServ
         "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
         "metrics_token": SCRAPE_TOKEN,
     }
-    started: list[LiveServer] = []
-    try:
-        for n in range(2):  # one after another: the first creates the schema
-            replica = LiveServer(home=tmp_path / "home", config=dict(config), log_name=f"r{n}.log")
-            replica.start()
-            started.append(replica)
-        yield started
-    finally:
-        for replica in started:
-            replica.stop()
-        if started:
-            started[0].kill_learners()
+    with serving_replicas(tmp_path / "home", config, 2) as replicas:
+        yield replicas
 
 
 def database_up(replica: LiveServer) -> dict[str, float]:

@@ -14,7 +14,7 @@ import pytest
 
 from ffdl.server.leases import LOOPS
 from tests.integration import views
-from tests.integration.live import FAST_CONFIG, LiveServer, wait_for
+from tests.integration.live import FAST_CONFIG, LiveServer, serving_replicas, wait_for
 from tests.integration.steps_job import steps_job
 from tests.integration.test_cli import ffdl
 from tests.postgres import PostgresServer
@@ -24,23 +24,9 @@ REPLICA_CONFIG = {**FAST_CONFIG, "lease_ttl_s": 1.5}
 
 @pytest.fixture
 def replicas(tmp_path: Path, postgres: PostgresServer) -> Iterator[list[LiveServer]]:
-    home = tmp_path / "home"
     config = {**REPLICA_CONFIG, "database_url": postgres.create_database()}
-    started: list[LiveServer] = []
-    try:
-        # One after another: the first creates the schema and the administrator.
-        for n in range(3):
-            replica = LiveServer(home=home, config=dict(config), log_name=f"r{n}.log")
-            replica.start()
-            started.append(replica)
+    with serving_replicas(tmp_path / "home", config, 3) as started:
         yield started
-    finally:
-        for replica in started:
-            if replica.proc is not None:
-                os.kill(replica.proc.pid, signal.SIGCONT)
-            replica.stop()
-        if started:
-            started[0].kill_learners()
 
 
 def control_plane(replica: LiveServer) -> dict[str, Any]:

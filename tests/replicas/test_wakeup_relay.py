@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.live import FAST_CONFIG, LiveServer, wait_for
+from tests.integration.live import FAST_CONFIG, LiveServer, serving_replicas, wait_for
 from tests.integration.steps_job import steps_job
 from tests.postgres import PostgresServer
 from tests.replicas.test_replicas_live import control_plane
@@ -30,18 +30,8 @@ IN_TIME_S = 15.0
 @pytest.fixture
 def two_replicas(tmp_path: Path, postgres: PostgresServer) -> Iterator[list[LiveServer]]:
     config = {**SLOW_LOOPS, "database_url": postgres.create_database()}
-    started: list[LiveServer] = []
-    try:
-        for n in range(2):
-            replica = LiveServer(home=tmp_path / "home", config=dict(config), log_name=f"r{n}.log")
-            replica.start()
-            started.append(replica)
-        yield started
-    finally:
-        for replica in started:
-            replica.stop()
-        if started:
-            started[0].kill_learners()
+    with serving_replicas(tmp_path / "home", config, 2) as replicas:
+        yield replicas
 
 
 def test_a_submission_to_a_replica_that_leads_nothing_starts_at_once(

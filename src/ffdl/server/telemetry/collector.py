@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,20 +209,8 @@ class StoreCollector(Collector):
         yield from _type_totals(nodes, held, working)
         if len(nodes) > self._platform.settings.metrics_node_series_max:
             return
-        total = GaugeMetricFamily("ffdl_node_gpus", "GPUs a node offers.", labels=["node"])
-        allocated = GaugeMetricFamily(
-            "ffdl_node_gpus_allocated", "GPUs of a node held by learners.", labels=["node"]
-        )
-        busy = GaugeMetricFamily(
-            "ffdl_node_gpus_busy",
-            "GPUs of a node really busy: its learners' latest utilisation summed, in GPUs.",
-            labels=["node"],
-        )
-        for node in nodes:
-            total.add_metric([node.name], node.gpus)
-            allocated.add_metric([node.name], held[node.name])
-            busy.add_metric([node.name], working.get(node.name, 0.0))
-        yield from (total, allocated, busy)
+        rows = [(n.name, n.gpus, held[n.name], working.get(n.name, 0.0)) for n in nodes]
+        yield from _gpu_series("ffdl_node_gpus", "node", "of a node", rows)
 
 
 def _type_totals(
@@ -231,25 +219,37 @@ def _type_totals(
     """The nodes and their GPUs added up per GPU type: a few series however large the
     cluster (the per-node ones stop at ``metrics_node_series_max`` nodes)."""
     count = GaugeMetricFamily("ffdl_nodes", "Nodes, by GPU type.", labels=["gpu_type"])
-    total = GaugeMetricFamily("ffdl_gpus", "GPUs the nodes offer, by type.", labels=["gpu_type"])
+    sums: dict[str, list[float]] = {}
+    for node in nodes:
+        of_type = sums.setdefault(node.gpu_type or "none", [0.0, 0.0, 0.0, 0.0])
+        of_type[0] += 1
+        of_type[1] += node.gpus
+        of_type[2] += held[node.name]
+        of_type[3] += working.get(node.name, 0.0)
+    rows = []
+    for gpu_type, (node_count, gpus, held_gpus, busy_gpus) in sorted(sums.items()):
+        count.add_metric([gpu_type], node_count)
+        rows.append((gpu_type, gpus, held_gpus, busy_gpus))
+    yield count
+    yield from _gpu_series("ffdl_gpus", "gpu_type", "of a GPU type", rows)
+
+
+def _gpu_series(
+    name: str, label: str, whose: str, rows: Sequence[tuple[str, float, float, float]]
+) -> Iterator[Metric]:
+    """GPUs offered, held by learners and really busy (their latest utilisation summed, in
+    GPUs), one sample per ``(label value, offered, held, busy)`` row."""
+    total = GaugeMetricFamily(name, f"GPUs {whose} offered.", labels=[label])
     allocated = GaugeMetricFamily(
-        "ffdl_gpus_allocated", "GPUs held by learners, by type.", labels=["gpu_type"]
+        f"{name}_allocated", f"GPUs {whose} held by learners.", labels=[label]
     )
     busy = GaugeMetricFamily(
-        "ffdl_gpus_busy",
-        "GPUs really busy (learners' latest utilisation summed, in GPUs), by type.",
-        labels=["gpu_type"],
+        f"{name}_busy",
+        f"GPUs {whose} really busy: its learners' latest utilisation summed, in GPUs.",
+        labels=[label],
     )
-    by_type: dict[str, list[float]] = {}
-    for node in nodes:
-        sums = by_type.setdefault(node.gpu_type or "none", [0.0, 0.0, 0.0, 0.0])
-        sums[0] += 1
-        sums[1] += node.gpus
-        sums[2] += held[node.name]
-        sums[3] += working.get(node.name, 0.0)
-    for gpu_type, (nodes_of, gpus, held_of, busy_of) in sorted(by_type.items()):
-        count.add_metric([gpu_type], nodes_of)
-        total.add_metric([gpu_type], gpus)
-        allocated.add_metric([gpu_type], held_of)
-        busy.add_metric([gpu_type], busy_of)
-    yield from (count, total, allocated, busy)
+    for value, offered, held_gpus, busy_gpus in rows:
+        total.add_metric([value], offered)
+        allocated.add_metric([value], held_gpus)
+        busy.add_metric([value], busy_gpus)
+    yield from (total, allocated, busy)
