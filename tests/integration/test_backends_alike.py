@@ -169,13 +169,16 @@ def test_delete_of_a_running_job_stops_it_and_frees_its_gpus(platform: LiveServe
 
 
 def test_drain_moves_running_jobs_off_the_node_without_failing_any(platform: LiveServer) -> None:
-    manifest, files = steps_job(80, elastic=ELASTIC)
-    elastic_id = platform.submit_ok(manifest, files)
+    elastic, elastic_files = steps_job(80, elastic=ELASTIC)
     fixed, files = steps_job(80, placement={"policy": "pack"})
-    for name in NODES:  # both on one node: the node to drain
+    # Both on one node, the node to drain: the others are drained before either job is
+    # submitted, so that neither starts elsewhere and is moved before its first checkpoint
+    # (which would run its first steps twice).
+    for name in NODES:
         if name != "a":
             views.drain(platform, name, True)
     try:
+        elastic_id = platform.submit_ok(elastic, elastic_files)
         fixed_id = platform.submit_ok(fixed, files)
         for job_id in (elastic_id, fixed_id):
             platform.wait_status(job_id, {"PROCESSING"}, timeout=60)

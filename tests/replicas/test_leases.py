@@ -50,7 +50,8 @@ def test_one_replica_runs_every_loop_and_the_others_wait(store: Store) -> None:
 
 
 def test_a_lease_left_to_expire_moves_with_a_new_token(store: Store) -> None:
-    a, b = keeper(store, "a", ttl_s=0.3), keeper(store, "b", ttl_s=0.3)
+    # Long enough that a busy machine cannot expire a's leases between two of its lines.
+    a, b = keeper(store, "a", ttl_s=1.0), keeper(store, "b", ttl_s=1.0)
     a.tick()
     old = a.fence("lcm")
     assert old is not None and old.token == 1
@@ -64,7 +65,7 @@ def test_a_lease_left_to_expire_moves_with_a_new_token(store: Store) -> None:
 
 
 def test_a_deposed_holders_writes_are_refused_and_roll_back(store: Store) -> None:
-    a, b = keeper(store, "a", ttl_s=0.3), keeper(store, "b", ttl_s=0.3)
+    a, b = keeper(store, "a", ttl_s=1.0), keeper(store, "b", ttl_s=1.0)
     a.tick()
     stale = a.fence("scheduler")
     assert stale is not None
