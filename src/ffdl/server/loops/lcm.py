@@ -166,12 +166,10 @@ def _deploy(platform: Platform, job_id: str) -> None:
             if owner is not None:
                 hand_over(str(dirs.code), *owner)
                 dirs.code.chmod(0o700)
+            location = results_path(platform.settings, manifest, job_id) or results_url(
+                manifest, job_id
+            )
         if not prepared or to_launch:
-            location = None
-            if not prepared:
-                location = results_path(platform.settings, manifest, job_id) or results_url(
-                    manifest, job_id
-                )
             with platform.store.write() as session:
                 if not prepared:
                     _record_results_location(session, job_id, dirs, location)

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from ffdl.core.errors import Unavailable
 from ffdl.core.status import JobStatus, is_terminal
 from ffdl.server.platform import Platform
-from ffdl.server.services.logs import lines_after, metrics_after
+from ffdl.server.services.logs import records_after
 from ffdl.server.store.models import Event, Job, LogLine, Metric
 
 POLL_S = 0.2
@@ -110,9 +110,9 @@ def poll(platform: Platform, job_id: str, cursor: Cursor, wanted: Wanted = Wante
                 )
             )
         if wanted.lines:
-            batch.lines = lines_after(session, job_id, cursor.line, BATCH)
+            batch.lines = records_after(session, LogLine, job_id, cursor.line, BATCH)
         if wanted.metrics:
-            batch.metrics = metrics_after(session, job_id, cursor.metric, BATCH)
+            batch.metrics = records_after(session, Metric, job_id, cursor.metric, BATCH)
     if batch.lines:
         cursor.line = batch.lines[-1].number
     if batch.metrics:

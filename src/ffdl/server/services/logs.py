@@ -121,13 +121,7 @@ def _window(
         start = offset
     if size == 0:
         return []
-    query = (
-        select(model)
-        .where(model.job_id == job_id, model.number > start)
-        .order_by(model.number)
-        .limit(size)
-    )
-    return list(session.scalars(query))
+    return records_after(session, model, job_id, start, size)
 
 
 def _window_from(
@@ -246,25 +240,14 @@ def _cursor(after: int) -> int:
     return min(max(after, -1), MAX_INT64)
 
 
-def lines_after(session: Session, job_id: str, after: int, limit: int) -> list[LogLine]:
-    """The job's log lines numbered after ``after``, in order, at most ``limit``."""
+def records_after(session: Session, model: Any, job_id: str, after: int, limit: int) -> list[Any]:
+    """The job's log lines or metrics (``model``) numbered after ``after``, in order, at
+    most ``limit``: one range read on ``(job_id, number)``."""
     return list(
         session.scalars(
-            select(LogLine)
-            .where(LogLine.job_id == job_id, LogLine.number > _cursor(after))
-            .order_by(LogLine.number)
-            .limit(limit)
-        )
-    )
-
-
-def metrics_after(session: Session, job_id: str, after: int, limit: int) -> list[Metric]:
-    """The job's metrics numbered after ``after``, in order, at most ``limit``."""
-    return list(
-        session.scalars(
-            select(Metric)
-            .where(Metric.job_id == job_id, Metric.number > _cursor(after))
-            .order_by(Metric.number)
+            select(model)
+            .where(model.job_id == job_id, model.number > _cursor(after))
+            .order_by(model.number)
             .limit(limit)
         )
     )

@@ -17,15 +17,17 @@ from ffdl.server.store.models import Job
 
 def number_lines(job: Job, rows: list[dict[str, Any]]) -> None:
     """Give ``rows`` (log lines about to be inserted, in order) the job's next numbers."""
-    first = job.last_line_number + 1
-    for offset, row in enumerate(rows):
-        row["number"] = first + offset
-    job.last_line_number += len(rows)
+    job.last_line_number = _numbered(rows, job.last_line_number)
 
 
 def number_metrics(job: Job, rows: list[dict[str, Any]]) -> None:
     """Give ``rows`` (metrics about to be inserted, in order) the job's next numbers."""
-    first = job.last_metric_number + 1
-    for offset, row in enumerate(rows):
-        row["number"] = first + offset
-    job.last_metric_number += len(rows)
+    job.last_metric_number = _numbered(rows, job.last_metric_number)
+
+
+def _numbered(rows: list[dict[str, Any]], last: int) -> int:
+    """Number ``rows`` on from ``last``; the new last number."""
+    for row in rows:
+        last += 1
+        row["number"] = last
+    return last
