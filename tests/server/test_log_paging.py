@@ -1,23 +1,35 @@
 """FfDL's paging of log lines and metrics (``pagesize``, ``pos``, ``since_time``) and its
-record shapes, on a real store (SQLite and PostgreSQL)."""
+record shapes, on a real store (SQLite and PostgreSQL), with none, some or all of the lines
+moved to the archive (retention): every page must read the same either way."""
 
 from __future__ import annotations
 
 import pytest
 
 from ffdl.core.errors import BadRequest
+from ffdl.server.archive import RecordArchive
 from ffdl.server.services import logs
+from ffdl.server.services.record_archive import move_chunk
 from ffdl.server.store.db import Store
 from ffdl.server.store.models import Job, LogLine, Metric
+from ffdl.storage.blobs import MemoryBlobStore
 from tests.server.factories import DATABASES, make_job, make_store
 
 LINES = 25
+# Lines moved to the archive before the tests read: (chunk size, chunks).
+ARCHIVED = {"none": (1, 0), "12 in 3 chunks": (4, 3), "all in 3 chunks": (10, 3)}
+ARCHIVE = RecordArchive(MemoryBlobStore)
 
 
-@pytest.fixture(scope="module", params=DATABASES)
+@pytest.fixture(
+    scope="module",
+    params=[(db, archived) for db in DATABASES for archived in ARCHIVED],
+    ids=lambda param: "-".join(param),
+)
 def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Store:
-    store = make_store(tmp_path_factory.mktemp("paging"), request.param)
-    make_job(store, "training-paged")
+    database, archived = request.param
+    store = make_store(tmp_path_factory.mktemp("paging"), database)
+    make_job(store, "training-paged", last_line_number=LINES, last_metric_number=1)
     with store.write() as session:
         for i in range(LINES):
             session.add(
@@ -45,6 +57,14 @@ def store(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
                 time=1_700_000_000.25,
             )
         )
+    chunk, chunks = ARCHIVED[archived]
+    for _ in range(chunks):
+        assert move_chunk(store, ARCHIVE, "training-paged", LogLine, chunk) > 0
+    # The newest metrics record stays in the database.
+    assert move_chunk(store, ARCHIVE, "training-paged", Metric, chunk) == 0
+    with store.read() as session:
+        stored = session.query(LogLine).count()
+    assert stored == LINES - min(chunk * chunks, LINES)
     return store
 
 
@@ -53,7 +73,7 @@ def page(store: Store, **query: object) -> list[str]:
     with store.read() as session:
         job = session.get(Job, "training-paged")
         assert job is not None
-        items = logs.loglines(session, job, **arguments)  # type: ignore[arg-type]
+    items = logs.loglines(store, ARCHIVE, job, **arguments)  # type: ignore[arg-type]
     return [item["line"] for item in items]
 
 
@@ -105,9 +125,9 @@ def test_metric_record_has_ffdls_typed_values_and_metric_data(store: Store) -> N
     with store.read() as session:
         job = session.get(Job, "training-paged")
         assert job is not None
-        (record,) = logs.emetrics(session, job, since_time=None, pagesize=None, pos=None)
         row = session.query(Metric).one()
         data = logs.metric_data(row)
+    (record,) = logs.emetrics(store, ARCHIVE, job, since_time=None, pagesize=None, pos=None)
     assert record["meta"] == {
         "training_id": "training-paged",
         "user_id": "u1",
@@ -130,11 +150,11 @@ def test_metric_record_has_ffdls_typed_values_and_metric_data(store: Store) -> N
 
 
 def test_first_row_of_a_follow(store: Store) -> None:
-    with store.read() as session:
-        cursor = logs.first_row_at(session, LogLine, "training-paged", logs.Since(back=3))
-        assert cursor == LINES - 3
-        assert logs.first_row_at(session, LogLine, "training-paged", logs.Since()) == 0
-        later = logs.Since(time=1_700_000_000.0 + 10)
-        assert logs.first_row_at(session, LogLine, "training-paged", later) == 10
-        future = logs.Since(time=1_800_000_000.0)
-        assert logs.first_row_at(session, LogLine, "training-paged", future) == LINES
+    def first_row(since: logs.Since) -> int:
+        return logs.first_row_at(store, ARCHIVE, LogLine, "training-paged", since)
+
+    assert first_row(logs.Since(back=3)) == LINES - 3
+    assert first_row(logs.Since()) == 0
+    assert first_row(logs.Since(time=1_700_000_000.0 + 10)) == 10
+    assert first_row(logs.Since(time=1_700_000_000.0 + 3)) == 3
+    assert first_row(logs.Since(time=1_800_000_000.0)) == LINES

@@ -33,7 +33,7 @@ from tests.postgres import free_port
 from tests.server.factories import database_url, on_both_databases
 
 # Every revision after the first, in order: what a store made at the first one still needs.
-LATER_REVISIONS = ["0002", "0003", "0004", "0005"]
+LATER_REVISIONS = ["0002", "0003", "0004", "0005", "0006"]
 ALL_REVISIONS = [INITIAL_REVISION, *LATER_REVISIONS]
 
 AT = datetime(2024, 5, 6, 7, 8, 9, 123456)  # naive UTC, with microseconds
@@ -245,7 +245,8 @@ def _as_before(
     after: dict[str, list[dict[str, Any]]], before: dict[str, list[dict[str, Any]]]
 ) -> dict[str, list[dict[str, Any]]]:
     """``after`` without the columns later revisions added, which must all be empty but
-    the numbers of each job's log lines and metrics (revision 0005), checked here."""
+    the numbers of each job's log lines and metrics (revision 0005) and the archive marks
+    (0006), checked here."""
     _check_numbers(after)
     kept: dict[str, list[dict[str, Any]]] = {}
     for name, rows in after.items():
@@ -270,6 +271,9 @@ def _check_numbers(after: dict[str, list[dict[str, Any]]]) -> None:
             last[(job, counter)] = len(given)
         for job_row in after.get("jobs", []):
             assert job_row.pop(counter) == last.get((job_row["id"], counter), 0)
+    # Nothing is archived yet (revision 0006).
+    for job_row in after.get("jobs", []):
+        assert job_row.pop("archived_line_number") == job_row.pop("archived_metric_number") == 0
 
 
 def _differences(store: Store) -> list[Any]:
@@ -381,7 +385,7 @@ def test_an_unversioned_database_with_later_tables_is_refused(tmp_path: Path) ->
     store = Store(f"sqlite:///{tmp_path / 'ffdl.db'}")
     try:
         Base.metadata.create_all(store.engine)
-        with pytest.raises(SchemaUnadoptable, match="leases, replicas"):
+        with pytest.raises(SchemaUnadoptable, match="leases, record_chunks, replicas"):
             upgrade(store)
         assert current_revision(store) is None
     finally:

@@ -97,6 +97,7 @@ def test_two_replicas_storing_interleaved_reports_number_each_job_from_one(
         # The two jobs' rows did interleave: their row ids alone would have had gaps.
         assert ids["training-a"] != list(range(ids["training-a"][0], ids["training-a"][-1] + 1))
 
+        parts = (store, replicas[0].archive)
         for job_id, learners in (("training-a", 2), ("training-b", 1)):
             lines = BATCHES * PER_BATCH * learners
             metrics = BATCHES * learners
@@ -104,7 +105,7 @@ def test_two_replicas_storing_interleaved_reports_number_each_job_from_one(
                 job = session.get(Job, job_id)
                 assert job is not None
                 assert (job.last_line_number, job.last_metric_number) == (lines, metrics)
-                every = logs.loglines(session, job, since_time=None, pagesize=10_000, pos=None)
+                every = logs.loglines(*parts, job, since_time=None, pagesize=10_000, pos=None)
                 numbers = [item["meta"]["rindex"] for item in every]
                 assert numbers == list(range(1, lines + 1))
                 # Each learner's lines in the order it sent them.
@@ -112,15 +113,15 @@ def test_two_replicas_storing_interleaved_reports_number_each_job_from_one(
                     mine = [i["line"] for i in every if i["line"].startswith(f"learner {index} ")]
                     expected = BATCHES * PER_BATCH
                     assert mine == [f"learner {index} line {n}" for n in range(expected)]
-                page = logs.loglines(session, job, since_time=None, pagesize=7, pos=20)
+                page = logs.loglines(*parts, job, since_time=None, pagesize=7, pos=20)
                 assert [item["meta"]["rindex"] for item in page] == list(range(21, 28))
-                back = logs.loglines(session, job, since_time="-4", pagesize=10, pos=None)
+                back = logs.loglines(*parts, job, since_time="-4", pagesize=10, pos=None)
                 assert [item["meta"]["rindex"] for item in back] == numbers[-4:]
-                tail = logs.loglines(session, job, since_time=None, pagesize=3, pos=-2)
+                tail = logs.loglines(*parts, job, since_time=None, pagesize=3, pos=-2)
                 assert [item["meta"]["rindex"] for item in tail] == numbers[-4:-1]
-                emetrics = logs.emetrics(session, job, since_time=None, pagesize=10_000, pos=None)
+                emetrics = logs.emetrics(*parts, job, since_time=None, pagesize=10_000, pos=None)
                 assert [m["meta"]["rindex"] for m in emetrics] == list(range(1, metrics + 1))
-                start = logs.first_row_at(session, LogLine, job_id, logs.Since(back=10))
+                start = logs.first_row_at(*parts, LogLine, job_id, logs.Since(back=10))
             # A follower from "the last 10" reads exactly those, by number.
             cursor = Cursor(line=start)
             batch = poll(replicas[1], job_id, cursor, Wanted(metrics=False, events=False))

@@ -49,6 +49,7 @@ from ffdl.server.routers import (
 )
 from ffdl.server.routers.health import ffdl_version
 from ffdl.server.routers.responses import without_validation_422
+from ffdl.server.services.record_archive import archive_pass
 from ffdl.server.settings import Settings
 from ffdl.server.store.availability import DatabaseAway, DatabaseFull, fault_of, first_line
 from ffdl.server.store.db import Store, StoreUnavailable
@@ -166,6 +167,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
             ("lcm", lambda: lcm_pass(platform), settings.lcm_interval_s, 0.0),
             ("monitor", lambda: monitor_pass(platform), settings.monitor_interval_s, 0.2),
             ("autoscaler", AutoscalerLoop(platform), settings.autoscaler_interval_s, 0.5),
+            ("archiver", lambda: archive_pass(platform), settings.archive_interval_s, 0.0),
         ]
         tasks = [
             asyncio.create_task(

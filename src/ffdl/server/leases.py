@@ -57,7 +57,7 @@ from ffdl.server.store.transitions import utcnow
 
 log = logging.getLogger("ffdl.leases")
 
-LOOPS = ("scheduler", "lcm", "monitor", "autoscaler", "webhooks")
+LOOPS = ("scheduler", "lcm", "monitor", "autoscaler", "webhooks", "archiver")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ffdl.backends.base import Backend
+from ffdl.server.archive import RecordArchive
 from ffdl.server.auth import JobTokens
 from ffdl.server.credentials import CredentialVault
 from ffdl.server.leases import LeaseKeeper
@@ -82,9 +83,12 @@ class Platform:
     started_at: datetime = field(default_factory=utcnow)
     # Learners' report batches, committed together (``ffdl.server.store.group_commit``).
     report_writes: GroupCommit = field(init=False)
+    # Where old log lines and metrics are kept (``ffdl.server.archive``).
+    archive: RecordArchive = field(init=False)
 
     def __post_init__(self) -> None:
         self.report_writes = GroupCommit(self.store)
+        self.archive = RecordArchive.for_settings(self.settings)
 
     def close(self) -> None:
         """Release the backend and the database once the loops have stopped."""

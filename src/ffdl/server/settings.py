@@ -219,6 +219,18 @@ class Settings(BaseSettings):
     webhook_retry_max_s: float = Field(default=300.0, gt=0)
     webhook_max_endpoints_per_job: int = Field(default=16, ge=1)
 
+    # Retention: the log lines and metrics of a job that ended this many hours ago move out
+    # of the database into ``archive_store`` as compressed chunks and are still served from
+    # there (``ffdl.server.services.record_archive``). Off unless set. The job's newest
+    # metrics record stays in the database for its summary.
+    archive_records_after_h: float | None = Field(default=None, gt=0)
+    # A directory, ``file:///DIR`` or ``s3://BUCKET[/PREFIX]`` (default: HOME/archive);
+    # S3 connection fields (endpoint, access_key, secret_key, region) in the options.
+    archive_store: str | None = None
+    archive_store_options: dict[str, str] = Field(default_factory=dict)
+    archive_chunk_records: int = Field(default=10_000, ge=100, le=1_000_000)
+    archive_interval_s: float = Field(default=60.0, gt=0)
+
     # Upload limits.
     max_manifest_bytes: int = 1024 * 1024
     max_archive_bytes: int = 512 * 1024 * 1024
@@ -242,6 +254,20 @@ class Settings(BaseSettings):
         if value is None:
             return None
         return value.strip() or None
+
+    @field_validator("archive_store")
+    @classmethod
+    def _archive_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        scheme = urlsplit(value).scheme
+        if scheme not in ("", "file", "s3") or (scheme == "s3" and not urlsplit(value).netloc):
+            raise ValueError(
+                "archive_store must be a directory, file:///DIR or s3://BUCKET[/PREFIX], "
+                f"got {value!r}"
+            )
+        return value
 
     @field_validator("runtimes")
     @classmethod

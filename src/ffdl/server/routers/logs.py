@@ -54,7 +54,9 @@ def get_loglines(
 ) -> dict[str, Any]:
     with platform.store.read() as session:
         job = load_job(session, principal, model_id)
-        lines = logs.loglines(session, job, since_time=since_time, pagesize=pagesize, pos=pos)
+    lines = logs.loglines(
+        platform.store, platform.archive, job, since_time=since_time, pagesize=pagesize, pos=pos
+    )
     return {"models": lines}
 
 
@@ -70,5 +72,7 @@ def get_emetrics(
 ) -> dict[str, Any]:
     with platform.store.read() as session:
         job = load_job(session, principal, model_id)
-        records = logs.emetrics(session, job, since_time=since_time, pagesize=pagesize, pos=pos)
+    records = logs.emetrics(
+        platform.store, platform.archive, job, since_time=since_time, pagesize=pagesize, pos=pos
+    )
     return {"models": records}

@@ -76,8 +76,8 @@ def _start(
     """The caller's job checked, and the cursor just before its first record to send."""
     since = parse_since_time(since_time)
     with platform.store.read() as session:
-        job = load_job(session, principal, model_id)
-        first = first_row_at(session, model, job.id, since)
+        job_id = load_job(session, principal, model_id).id
+    first = first_row_at(platform.store, platform.archive, model, job_id, since)
     return Cursor(line=first) if model is LogLine else Cursor(metric=first)
 
 

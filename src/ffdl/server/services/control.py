@@ -175,8 +175,9 @@ def cancel_job(
 
 def delete_job(platform: Platform, principal: Principal, job_id: str) -> dict[str, Any]:
     """Remove a job as FfDL did, cancelling it first if it is live: its record, events, log
-    lines, metrics and its files on the platform go. Results already written to the user's
-    data store stay there (FfDL kept trained models in the user's bucket).
+    lines, metrics (archived ones too) and its files on the platform go. Results already
+    written to the user's data store stay there (FfDL kept trained models in the user's
+    bucket).
 
     A live job whose processes have not stopped within the wait stays (``deleted`` false),
     still being cancelled; deleting it again once it has stopped removes it.
@@ -185,8 +186,12 @@ def delete_job(platform: Platform, principal: Principal, job_id: str) -> dict[st
     if not is_terminal(JobStatus(status)):
         return {"model_id": job_id, "status": status, "deleted": False}
     with platform.store.write() as session:
+        job = session.get(Job, job_id)
+        archived = job is not None and bool(job.archived_line_number or job.archived_metric_number)
         session.execute(sql_delete(Job).where(Job.id == job_id))
     shutil.rmtree(JobDirs.of(platform.settings.jobs_dir, job_id).root, ignore_errors=True)
+    if archived:
+        platform.archive.forget_job(job_id)
     platform.wakeups.notify("scheduler")
     return {"model_id": job_id, "status": status, "deleted": True}
 

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from ffdl.core.errors import Unavailable
 from ffdl.core.status import JobStatus, is_terminal
 from ffdl.server.platform import Platform
-from ffdl.server.services.logs import records_after
+from ffdl.server.services.logs import plan_after
 from ffdl.server.store.models import Event, Job, LogLine, Metric
 
 POLL_S = 0.2
@@ -109,10 +109,14 @@ def poll(platform: Platform, job_id: str, cursor: Cursor, wanted: Wanted = Wante
                     .order_by(Event.id)
                 )
             )
-        if wanted.lines:
-            batch.lines = records_after(session, LogLine, job_id, cursor.line, BATCH)
-        if wanted.metrics:
-            batch.metrics = records_after(session, Metric, job_id, cursor.metric, BATCH)
+        lines = plan_after(session, LogLine, job, cursor.line, BATCH) if job else None
+        metrics = plan_after(session, Metric, job, cursor.metric, BATCH) if job else None
+    # Archived records (a follow from a job's beginning once it is archived) are fetched
+    # here, outside the session.
+    if wanted.lines and lines is not None:
+        batch.lines = lines.resolve(platform.archive)
+    if wanted.metrics and metrics is not None:
+        batch.metrics = metrics.resolve(platform.archive)
     if batch.lines:
         cursor.line = batch.lines[-1].number
     if batch.metrics:

@@ -13,6 +13,10 @@ Records come oldest first. ``meta.rindex`` is the record's number in its job: a 
 lines count 1, 2, 3, ... and so do its metrics (``record_numbers``), whichever replica
 stored them; it resumes a stream. ``meta.time`` is its epoch milliseconds.
 
+Records numbered up to a job's archive mark (retention, ``ffdl.server.services.record_archive``)
+are read from their chunks in the archive store, fetched outside any session; the others from
+the database. Which are where is read in one snapshot, so each record comes once.
+
 Every number from the query is range-checked before it reaches SQLite (a 400 naming the
 field, never an overflow), and every stored number is rendered defensively: a value that
 slipped in before the report checks existed must not make the endpoint fail.
@@ -29,8 +33,16 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from ffdl.core.errors import BadRequest
+from ffdl.core.errors import BadRequest, Unavailable
 from ffdl.core.limits import MAX_INT64, MAX_REPORT_TIME, bounded_int
+from ffdl.server.archive import (
+    ChunkRef,
+    RecordArchive,
+    archived_mark,
+    chunks_between,
+    chunks_from_time,
+)
+from ffdl.server.store.db import Store
 from ffdl.server.store.models import Job, LogLine, Metric
 
 MAX_PAGE = 10_000
@@ -101,43 +113,148 @@ def _check_pos(pos: int | None) -> int:
     return 0 if pos is None else bounded_int(pos, "pos", -MAX_INT64, MAX_INT64)
 
 
+@dataclass(frozen=True)
+class _Planned:
+    """Records after ``after`` (at most ``limit``) as one snapshot found them: those in the
+    archive's ``chunks``, then the database's ``rows``."""
+
+    after: int
+    limit: int
+    chunks: list[ChunkRef]
+    rows: list[Any]
+
+    def resolve(self, archive: RecordArchive) -> list[Any]:
+        """The records, with the chunks fetched (outside any session)."""
+        found: list[Any] = []
+        for chunk in self.chunks:
+            after = found[-1].number if found else self.after
+            found += archive.records(chunk, after=after, limit=self.limit - len(found))
+            if len(found) >= self.limit:
+                return found
+        return (found + self.rows)[: self.limit]
+
+
+def plan_after(session: Session, model: Any, job: Job, after: int, limit: int) -> _Planned:
+    """What to read for ``job``'s records of ``model`` numbered after ``after``: the
+    archived ones (up to the job's mark) from their chunks, the rest from the database."""
+    after = _cursor(after)
+    mark = archived_mark(job, model)
+    if after >= mark:
+        return _Planned(after, limit, [], records_after(session, model, job.id, after, limit))
+    upto = min(mark, after + limit)
+    chunks = chunks_between(session, job.id, model, after, upto)
+    covered = upto - after
+    rows = records_after(session, model, job.id, mark, limit - covered) if covered < limit else []
+    return _Planned(after, limit, chunks, rows)
+
+
+def _last_number(session: Session, model: Any, job: Job) -> int:
+    stored = session.scalar(select(func.max(model.number)).where(model.job_id == job.id))
+    return max(int(stored or 0), archived_mark(job, model))
+
+
 def _window(
-    session: Session, model: Any, job_id: str, since: Since, pos: int | None, size: int
+    store: Store,
+    archive: RecordArchive,
+    model: Any,
+    job_id: str,
+    since: Since,
+    pos: int | None,
+    size: int,
 ) -> list[Any]:
     offset = _check_pos(pos)
     if since.time is not None:
-        return _window_from(session, model, job_id, since.time, offset, size)
+        return _window_from(store, archive, model, job_id, since.time, offset, size)
     # A job's records are numbered 1, 2, 3, ... without gaps, so a position is a number:
     # each page is one range read on (job_id, number), however deep it is.
-    last = int(session.scalar(select(func.max(model.number)).where(model.job_id == job_id)) or 0)
-    if since.back is not None:
-        start = max(last - since.back, 0)
-    elif offset < 0:
-        # FfDL's backward page: it ends at the (-pos)-th record from the end.
-        end = last - (-offset - 1)
-        start = max(end - size, 0)
-        size = max(end - start, 0)
-    else:
-        start = offset
-    if size == 0:
-        return []
-    return records_after(session, model, job_id, start, size)
+    with store.read() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return []
+        last = _last_number(session, model, job)
+        if since.back is not None:
+            start = max(last - since.back, 0)
+        elif offset < 0:
+            # FfDL's backward page: it ends at the (-pos)-th record from the end.
+            end = last - (-offset - 1)
+            start = max(end - size, 0)
+            size = max(end - start, 0)
+        else:
+            start = offset
+        if size == 0:
+            return []
+        planned = plan_after(session, model, job, start, size)
+    return planned.resolve(archive)
+
+
+# Reads from a time that found the archive's mark moved meanwhile start again this often
+# before they give up (the mark moves once per chunk, so a second try practically succeeds).
+_TIME_READ_TRIES = 3
 
 
 def _window_from(
-    session: Session, model: Any, job_id: str, since: float, offset: int, size: int
+    store: Store,
+    archive: RecordArchive,
+    model: Any,
+    job_id: str,
+    since: float,
+    offset: int,
+    size: int,
 ) -> list[Any]:
-    """A page of the records at or after ``since`` (epoch seconds)."""
+    """A page of the records at or after ``since`` (epoch seconds), in number order.
+
+    Archived records at or after ``since`` come first (they are numbered before every
+    stored one); they are fetched outside a session, so the database part is read in a
+    second session, which must find the archive's mark where the first did.
+    """
     condition = [model.job_id == job_id, model.time >= since]
+    for _ in range(_TIME_READ_TRIES):
+        with store.read() as session:
+            job = session.get(Job, job_id)
+            if job is None:
+                return []
+            mark = archived_mark(job, model)
+            chunks = chunks_from_time(session, job_id, model, since) if mark else []
+            if not chunks:
+                return _stored_slice(session, model, condition, [], offset, size)
+        archived = [r for chunk in chunks for r in archive.records_from(chunk, since)]
+        with store.read() as session:
+            job = session.get(Job, job_id)
+            if job is None:
+                return []
+            if archived_mark(job, model) == mark:
+                return _stored_slice(session, model, condition, archived, offset, size)
+    raise Unavailable("the job's records were being archived; try again")
+
+
+def _stored_slice(
+    session: Session,
+    model: Any,
+    condition: list[Any],
+    archived: list[Any],
+    offset: int,
+    size: int,
+) -> list[Any]:
+    """``size`` records from ``offset`` of ``archived`` followed by the stored records that
+    meet ``condition`` (a negative ``offset`` counts from the end, as ``pos`` does)."""
     if offset < 0:
-        total = int(session.scalar(select(func.count()).select_from(model).where(*condition)) or 0)
-        end = total - (-offset - 1)
+        stored = int(session.scalar(select(func.count()).select_from(model).where(*condition)) or 0)
+        end = len(archived) + stored - (-offset - 1)
         offset = max(end - size, 0)
         size = max(end - offset, 0)
     if size == 0:
         return []
-    query = select(model).where(*condition).order_by(model.number).offset(offset).limit(size)
-    return list(session.scalars(query))
+    found = archived[offset : offset + size]
+    if len(found) < size:
+        query = (
+            select(model)
+            .where(*condition)
+            .order_by(model.number)
+            .offset(max(offset - len(archived), 0))
+            .limit(size - len(found))
+        )
+        found += list(session.scalars(query))
+    return found
 
 
 def millis(seconds: object) -> int:
@@ -209,7 +326,8 @@ def metric_item(job: Job, row: Metric) -> dict[str, Any]:
 
 
 def loglines(
-    session: Session,
+    store: Store,
+    archive: RecordArchive,
     job: Job,
     *,
     since_time: str | None,
@@ -217,12 +335,13 @@ def loglines(
     pos: int | None,
 ) -> list[dict[str, Any]]:
     since = parse_since_time(since_time)
-    rows = _window(session, LogLine, job.id, since, pos, _check_page(pagesize))
+    rows = _window(store, archive, LogLine, job.id, since, pos, _check_page(pagesize))
     return [log_item(job, row) for row in rows]
 
 
 def emetrics(
-    session: Session,
+    store: Store,
+    archive: RecordArchive,
     job: Job,
     *,
     since_time: str | None,
@@ -230,7 +349,7 @@ def emetrics(
     pos: int | None,
 ) -> list[dict[str, Any]]:
     since = parse_since_time(since_time)
-    rows = _window(session, Metric, job.id, since, pos, _check_page(pagesize))
+    rows = _window(store, archive, Metric, job.id, since, pos, _check_page(pagesize))
     return [metric_item(job, row) for row in rows]
 
 
@@ -253,25 +372,33 @@ def records_after(session: Session, model: Any, job_id: str, after: int, limit: 
     )
 
 
-def first_row_at(session: Session, model: Any, job_id: str, since: Since) -> int:
+def first_row_at(
+    store: Store, archive: RecordArchive, model: Any, job_id: str, since: Since
+) -> int:
     """The number just before the first record a follow from ``since`` delivers (a cursor)."""
-    condition = [model.job_id == job_id]
-    if since.back is not None:
-        newest = session.scalar(select(func.max(model.number)).where(*condition))
-        return max(int(newest or 0) - since.back, 0)
-    if since.time is None:
-        return 0
-    row = session.scalar(
-        select(model.number)
-        .where(*condition, model.time >= since.time)
-        .order_by(model.number)
-        .limit(1)
-    )
-    if row is None:
-        # Nothing from then yet: only records that arrive later.
-        last = session.scalar(select(func.max(model.number)).where(*condition))
-        return int(last or 0)
-    return int(row) - 1
+    with store.read() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return 0
+        last = _last_number(session, model, job)
+        if since.back is not None:
+            return max(last - since.back, 0)
+        if since.time is None:
+            return 0
+        # The first chunk that has a record from then holds the first such record: every
+        # chunk before it ends before then, and every stored record comes after it.
+        chunks = chunks_from_time(session, job_id, model, since.time)[:1]
+        if not chunks:
+            number = session.scalar(
+                select(model.number)
+                .where(model.job_id == job_id, model.time >= since.time)
+                .order_by(model.number)
+                .limit(1)
+            )
+            # Nothing from then yet: only records that arrive later.
+            return last if number is None else int(number) - 1
+    (first,) = archive.records_from(chunks[0], since.time, limit=1)
+    return int(first.number) - 1
 
 
 def metric_data(row: Metric) -> dict[str, Any]:

@@ -139,6 +139,9 @@ class Job(Base):
     # from 1 (FfDL's rindex), under the job's row lock that its reports already take.
     last_line_number: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_metric_number: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Records numbered up to these moved to the archive (``RecordChunk``); 0 for none.
+    archived_line_number: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    archived_metric_number: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     not_before: Mapped[datetime | None] = mapped_column(default=None)
     submitted_at: Mapped[datetime]
     started_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -248,6 +251,29 @@ class Metric(Base):
     __table_args__ = (
         Index("ux_metrics_job_number", "job_id", "number", unique=True),
         UniqueConstraint("job_id", "learner", "attempt", "seq"),
+    )
+
+
+class RecordChunk(Base):
+    """A run of a job's log lines or metrics (``kind``), numbered ``first_number`` to
+    ``last_number`` without gaps, moved out of the database into the archive store at
+    ``key`` as one compressed object (``ffdl.server.services.record_archive``)."""
+
+    __tablename__ = "record_chunks"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(8))  # "log" | "metric"
+    first_number: Mapped[int] = mapped_column(Integer)
+    last_number: Mapped[int] = mapped_column(Integer)
+    # The earliest and latest of the records' times (epoch seconds): a read from a time skips
+    # the chunks whose records all come before it without fetching them.
+    min_time: Mapped[float] = mapped_column(Float)
+    max_time: Mapped[float] = mapped_column(Float)
+    key: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+    __table_args__ = (
+        Index("ux_record_chunks_job_kind_first", "job_id", "kind", "first_number", unique=True),
     )
 
 

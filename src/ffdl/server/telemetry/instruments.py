@@ -37,7 +37,7 @@ API_REQUEST_SECONDS = Histogram(
 )
 LOOP_PASS_SECONDS = Histogram(
     "ffdl_loop_pass_duration_seconds",
-    "Duration of one pass of a background loop (scheduler, lcm, monitor, autoscaler).",
+    "Duration of one pass of a background loop (scheduler, lcm, monitor, autoscaler, archiver).",
     ["loop"],
     buckets=_FAST_BUCKETS,
     registry=REGISTRY,
@@ -97,6 +97,18 @@ DATABASE_UP = Gauge(
 DATABASE_OUTAGES = Counter(
     "ffdl_database_outages_total",
     "Times this process found its database unreachable after reaching it.",
+    registry=REGISTRY,
+)
+ARCHIVED_RECORDS = Counter(
+    "ffdl_archived_records_total",
+    "Log lines and metrics records moved out of the database into the archive store.",
+    ["kind"],
+    registry=REGISTRY,
+)
+ARCHIVE_FAILURES = Counter(
+    "ffdl_archive_failures_total",
+    "Chunks of records that could not be written to or read from the archive store.",
+    ["operation"],
     registry=REGISTRY,
 )
 
