@@ -200,14 +200,33 @@ def test_priorities_weigh_in() -> None:
     assert allocation_of(plan, "training-high")[0] > allocation_of(plan, "training-low")[0]
 
 
+def test_every_count_of_whole_nodes_in_range_is_a_choice() -> None:
+    job = make_job(gpu_range=(1, 64))
+    choices = gpu_candidates(job, 64, gpus_per_node=4)
+    assert set(range(4, 65, 4)) <= set(choices)
+    assert {1, 2, 3} <= set(choices)
+    # A gang of 3-GPU learners fills whole 4-GPU nodes at multiples of 12.
+    gang = gpu_candidates(make_job(gpu_range=(3, 60), gpus_per_learner=3), 64, gpus_per_node=4)
+    assert {12, 24, 36, 48, 60} <= set(gang) and all(g % 3 == 0 for g in gang)
+    # The optimizer hands its node size on: one job alone on a 24-GPU cluster of 4-GPU
+    # nodes, still faster with every GPU, takes all 24 (thinned alone, 21 was the nearest).
+    plan = optimize([replace(job, batch_range=(32, 8192))], 24, gpus_per_node=4)
+    assert allocation_of(plan, job.id)[0] == 24
+
+
 def test_gpu_candidates_are_thinned_geometrically_and_keep_the_essentials() -> None:
     job = make_job(gpu_range=(2, 4096), gpus_per_learner=2, current_gpus=1234)
     choices = gpu_candidates(job, 4096)
-    assert len(choices) <= MAX_GPU_CHOICES + 1
+    assert len(choices) <= 2 * MAX_GPU_CHOICES + 1
     assert {2, 4096, 1234} <= set(choices)
     assert all(g % 2 == 0 for g in choices) and list(choices) == sorted(set(choices))
     ratios = [b / a for a, b in itertools.pairwise(c for c in choices if c != 1234)]
     assert max(ratios) < 2.5
+    # Whole nodes (8 GPUs) are thinned too when there are hundreds of them.
+    whole = [g for g in choices if g % 8 == 0]
+    assert (
+        len(whole) >= MAX_GPU_CHOICES - 2 and max(b / a for a, b in itertools.pairwise(whole)) <= 2
+    )
     # Capping at the cluster size only removes choices: more GPUs never take one away.
     assert set(gpu_candidates(job, 1000)) <= set(choices)
     assert gpu_candidates(replace(job, gpu_range=(3, 9)), 100) == (4, 6, 8)

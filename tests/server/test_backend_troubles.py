@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import threading
 import zipfile
 from datetime import timedelta
 from pathlib import Path
@@ -257,6 +258,22 @@ def test_a_deploy_cut_short_by_an_unreachable_backend_launches_each_learner_once
 
     lcm_pass(platform)
     assert sum(backend.launched.values()) == 2
+
+
+def test_jobs_deploy_side_by_side_so_a_slow_launch_holds_up_no_other(
+    tmp_path: Path, backend: TroubledBackend
+) -> None:
+    platform = _platform(tmp_path, backend, deploy_concurrency=3)
+    for n, (node, gpu) in enumerate((("node-a", 0), ("node-a", 1), ("node-b", 0))):
+        _placed_job(platform, f"training-{n}", [{"learner": 1, "node": node, "gpu_ids": [gpu]}])
+    # Each launch returns only once all three are under way: one deploy after another
+    # would break the barrier and fail the jobs.
+    backend.launch_barrier = threading.Barrier(3, timeout=30)
+    lcm_pass(platform)
+    assert dict(backend.launched) == {(f"training-{n}", 1): 1 for n in range(3)}
+    for n in range(3):
+        job = _job(platform.store, f"training-{n}")
+        assert job.status == "PENDING" and job.error_code is None
 
 
 def test_a_deploy_waits_while_the_backend_is_unreachable(

@@ -4,11 +4,13 @@
 ``FakeBackend``) and adds what a remote backend such as Ray can do to the loops: report a
 problem that keeps any learner from starting, be unreachable for a while
 (``BackendUnavailable`` from some or all calls), bind other GPU ids than the placement's,
-and lose a learner with a reason (its node died).
+lose a learner with a reason (its node died), and take long to launch (each launch waits
+until a given number are under way at once).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 from ffdl.backends.base import (
@@ -44,6 +46,9 @@ class TroubledBackend:
         self.launched: Counter[_Key] = Counter()
         self.requests: list[LaunchRequest] = []
         self.closed = False
+        # Set: each launch waits here until the barrier's number of launches are under way.
+        self.launch_barrier: threading.Barrier | None = None
+        self._lock = threading.Lock()
 
     def _reachable(self) -> None:
         if self.unreachable is not None:
@@ -55,6 +60,12 @@ class TroubledBackend:
 
     def launch(self, request: LaunchRequest) -> Handle:
         self._reachable()
+        if self.launch_barrier is not None:
+            self.launch_barrier.wait()
+        with self._lock:
+            return self._launch(request)
+
+    def _launch(self, request: LaunchRequest) -> Handle:
         if self.launches_before_failing is not None and (
             sum(self.launched.values()) >= self.launches_before_failing
         ):

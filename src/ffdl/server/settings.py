@@ -154,6 +154,8 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = 30.0
     halt_grace_s: float = 10.0
     deploy_timeout_s: float = 120.0
+    # Jobs the lifecycle manager deploys at once (unpacking, launching their learners).
+    deploy_concurrency: int = Field(default=4, ge=1, le=64)
     report_deadline_s: float = 600.0
 
     # Elastic scaling.

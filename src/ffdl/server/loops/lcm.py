@@ -3,7 +3,8 @@
 Deploying is a list of idempotent steps recorded in ``deploy_steps`` per attempt, so a
 manager that crashed mid-deploy resumes where it stopped without starting a learner twice
 (``Backend.launch`` is itself idempotent for the step that was running when it crashed).
-No backend call is made while a database session is open. A backend that cannot be reached
+Up to ``deploy_concurrency`` jobs deploy at once, each in a worker thread. No backend call
+is made while a database session is open. A backend that cannot be reached
 (``BackendUnavailable``) fails nothing: the job is left as it is and the next pass tries
 again (a deploy that never gets through is bounded by the monitor's deploy timeout).
 """
@@ -11,10 +12,12 @@ again (a deploy that never gets through is bounded by the monitor's deploy timeo
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import zipfile
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -80,16 +83,45 @@ def lcm_pass(platform: Platform) -> None:
         preempted = session.scalars(
             select(Job.id).where(Job.status == JobStatus.HALTED.value, Job.desired == PREEMPTED)
         ).all()
-    for step, job_ids in (
-        (cancel, to_cancel),
-        (deploy, to_deploy),
-        (halt, halting),
-        (rescale, rescaling),
-    ):
+    for job_id in to_cancel:
+        _for_one_job(platform, cancel, job_id)
+    for_each_job(platform, deploy, list(to_deploy), platform.settings.deploy_concurrency)
+    for step, job_ids in ((halt, halting), (rescale, rescaling)):
         for job_id in job_ids:
             _for_one_job(platform, step, job_id)
     if preempted:
         requeue_preempted(platform, list(preempted))
+
+
+def for_each_job(
+    platform: Platform,
+    step: Callable[[Platform, str], None],
+    job_ids: list[str],
+    concurrency: int,
+) -> None:
+    """Run ``step`` for every job, up to ``concurrency`` at once (a slow launch, an archive
+    that takes long to unpack, does not hold up the jobs behind it).
+
+    Each runs in a copy of this thread's context, so under this pass's lease fence. Once all
+    have ended, the first ``LeaseLost`` or ``Unavailable`` among them ends the pass, as one
+    run alone would.
+    """
+    if concurrency <= 1 or len(job_ids) <= 1:
+        for job_id in job_ids:
+            _for_one_job(platform, step, job_id)
+        return
+    workers = min(concurrency, len(job_ids))
+    with ThreadPoolExecutor(
+        max_workers=workers, thread_name_prefix=f"ffdl-{step.__name__}"
+    ) as pool:
+        runs = [
+            pool.submit(contextvars.copy_context().run, _for_one_job, platform, step, job_id)
+            for job_id in job_ids
+        ]
+    for run in runs:
+        failure = run.exception()
+        if failure is not None:
+            raise failure
 
 
 def _for_one_job(platform: Platform, step: Callable[[Platform, str], None], job_id: str) -> None:

@@ -12,6 +12,7 @@ import hashlib
 import os
 import site
 import sys
+import threading
 from pathlib import Path
 
 import ffdl
@@ -23,6 +24,7 @@ from ffdl.server.services.learner_env import hidden_platform_packages, place_lea
 from ffdl.server.store.models import Job
 
 MEBIBYTE = 1024 * 1024
+_CLAIMING = threading.Lock()
 
 
 def _uid_dir(platform: Platform) -> Path:
@@ -37,10 +39,17 @@ def _job_alive(platform: Platform, job_id: str) -> bool:
 
 def job_uid(platform: Platform, job_id: str) -> int:
     """The job's sandbox uid (also its gid), allocated on first use."""
-    settings = platform.settings
     if os.geteuid() != 0:
         # Without root there is no other uid to drop to: the user namespace keeps ours.
         return os.getuid()
+    # Deploys run in parallel threads; claims are exclusive files between processes, and
+    # this lock keeps two threads from taking over the same stale claim.
+    with _CLAIMING:
+        return _claim_uid(platform, job_id)
+
+
+def _claim_uid(platform: Platform, job_id: str) -> int:
+    settings = platform.settings
     marker = JobDirs.of(settings.jobs_dir, job_id).root / "sandbox-uid"
     if marker.exists():
         return int(marker.read_text().strip())
