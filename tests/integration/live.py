@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import websocket
 import yaml
 from websocket import ABNF
 
@@ -287,6 +288,37 @@ def socket_lines(ws: Any) -> list[str]:
         if opcode == ABNF.OPCODE_TEXT:
             received.append(frame.decode())
     return "".join(received).splitlines()
+
+
+def streamed_log_items(server: LiveServer, job_id: str, since_rindex: int) -> list[dict[str, Any]]:
+    """The ``log`` events of a job's Server-Sent Events stream from ``since_rindex`` until
+    its ``end`` event."""
+    url = f"/v1/models/{job_id}/events/stream"
+    items: list[dict[str, Any]] = []
+    with server.client.stream("GET", url, params={"since_rindex": since_rindex}) as response:
+        kind = ""
+        for raw in response.iter_lines():
+            if raw.startswith("event: "):
+                kind = raw[len("event: ") :]
+            elif raw.startswith("data: ") and kind == "log":
+                items.append(json.loads(raw[len("data: ") :]))
+            elif raw.startswith("data: ") and kind == "end":
+                break
+    return items
+
+
+def followed_socket_lines(server: LiveServer, job_id: str, query: str) -> list[str]:
+    """FfDL's websocket follow of a job's log (``query``: its parameters), as lines."""
+    ws = websocket.create_connection(
+        f"ws://127.0.0.1:{server.port}/v1/models/{job_id}/logs?{query}",
+        header=[f"Authorization: Bearer {server.token}"],
+        subprotocols=["ws"],
+        timeout=60,
+    )
+    try:
+        return socket_lines(ws)
+    finally:
+        ws.close()
 
 
 def running_server(home: Path, **config: Any) -> contextlib.AbstractContextManager[LiveServer]:

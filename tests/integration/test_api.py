@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import httpx
-import websocket
 
-from tests.integration.live import LiveServer, manifest_yaml, socket_lines
+from tests.integration.live import (
+    LiveServer,
+    followed_socket_lines,
+    manifest_yaml,
+    streamed_log_items,
+)
 
 PRINT_LINES = """
 for i in range(1, 31):
@@ -175,34 +178,6 @@ def test_list_pages_and_filters(server: LiveServer) -> None:
     assert server.client.get(f"/v1/models/{ids[0]}").status_code == 404
 
 
-def _streamed_lines(server: LiveServer, job_id: str, since_rindex: int) -> list[dict[str, Any]]:
-    url = f"/v1/models/{job_id}/events/stream"
-    items: list[dict[str, Any]] = []
-    with server.client.stream("GET", url, params={"since_rindex": since_rindex}) as response:
-        kind = ""
-        for raw in response.iter_lines():
-            if raw.startswith("event: "):
-                kind = raw[len("event: ") :]
-            elif raw.startswith("data: ") and kind == "log":
-                items.append(json.loads(raw[len("data: ") :]))
-            elif raw.startswith("data: ") and kind == "end":
-                break
-    return items
-
-
-def _socket_text(server: LiveServer, job_id: str, since_time: str) -> list[str]:
-    ws = websocket.create_connection(
-        f"ws://127.0.0.1:{server.port}/v1/models/{job_id}/logs?since_time={since_time}",
-        header=[f"Authorization: Bearer {server.token}"],
-        subprotocols=["ws"],
-        timeout=60,
-    )
-    try:
-        return socket_lines(ws)
-    finally:
-        ws.close()
-
-
 def test_each_job_numbers_its_own_lines_the_same_in_every_view(server: LiveServer) -> None:
     """Two jobs print at once; each job's lines are 1, 2, 3, ... in pages, counted back,
     from a stream cursor, and the followed text forms start where they are told."""
@@ -228,11 +203,11 @@ def test_each_job_numbers_its_own_lines_the_same_in_every_view(server: LiveServe
         assert [item["meta"]["rindex"] for item in back] == list(
             range(len(texts) - 4, len(texts) + 1)
         )
-        streamed = _streamed_lines(server, job_id, since_rindex=20)
+        streamed = streamed_log_items(server, job_id, since_rindex=20)
         assert [item["meta"]["rindex"] for item in streamed] == list(range(21, len(texts) + 1))
         assert [item["line"] for item in streamed] == texts[20:]
         followed = server.client.get(
             f"/v1/models/{job_id}/logs", params={"follow": "true", "since_time": "-7"}
         )
         assert followed.text.splitlines() == texts[-7:]
-        assert _socket_text(server, job_id, "-7") == texts[-7:]
+        assert followed_socket_lines(server, job_id, "since_time=-7") == texts[-7:]

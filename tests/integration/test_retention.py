@@ -4,20 +4,19 @@ the job deletes its chunks, and a chunk the store lost is a clear 503."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import websocket
 
 from tests.integration.live import (
     FAST_CONFIG,
     LiveServer,
+    followed_socket_lines,
     manifest_yaml,
     serving,
-    socket_lines,
+    streamed_log_items,
     wait_for,
 )
 
@@ -86,34 +85,6 @@ def _all_lines(server: LiveServer, job_id: str) -> list[dict[str, Any]]:
     return server.loglines(job_id, pagesize=10_000)
 
 
-def _sse_lines(server: LiveServer, job_id: str, since_rindex: int) -> list[str]:
-    found: list[str] = []
-    url = f"/v1/models/{job_id}/events/stream"
-    with server.client.stream("GET", url, params={"since_rindex": since_rindex}) as response:
-        kind = ""
-        for raw in response.iter_lines():
-            if raw.startswith("event: "):
-                kind = raw[len("event: ") :]
-            elif raw.startswith("data: ") and kind == "log":
-                found.append(json.loads(raw[len("data: ") :])["line"])
-            elif raw.startswith("data: ") and kind == "end":
-                break
-    return found
-
-
-def _socket_text(server: LiveServer, job_id: str, query: str) -> list[str]:
-    ws = websocket.create_connection(
-        f"ws://127.0.0.1:{server.port}/v1/models/{job_id}/logs?{query}",
-        header=[f"Authorization: Bearer {server.token}"],
-        subprotocols=["ws"],
-        timeout=60,
-    )
-    try:
-        return socket_lines(ws)
-    finally:
-        ws.close()
-
-
 def test_an_ended_jobs_records_move_to_the_archive_and_read_the_same(server: LiveServer) -> None:
     job_id, total = _archived_job(server)
     chunks = sorted(p.name for p in (server.home / "archive" / "records" / job_id).iterdir())
@@ -151,9 +122,9 @@ def test_an_ended_jobs_records_move_to_the_archive_and_read_the_same(server: Liv
     (latest,) = server.model(job_id)["metrics"]
     assert latest["iteration"] == STEPS
 
-    assert _sse_lines(server, job_id, since_rindex=0) == texts
-    assert _sse_lines(server, job_id, since_rindex=98) == texts[98:]
-    assert _socket_text(server, job_id, "since_time=-7") == texts[-7:]
+    assert [i["line"] for i in streamed_log_items(server, job_id, since_rindex=0)] == texts
+    assert [i["line"] for i in streamed_log_items(server, job_id, since_rindex=98)] == texts[98:]
+    assert followed_socket_lines(server, job_id, "since_time=-7") == texts[-7:]
     followed = server.client.get(f"/v1/models/{job_id}/logs", params={"follow": "true"})
     assert followed.text.splitlines() == texts
 

@@ -211,32 +211,24 @@ def chunks_between(
 ) -> list[ChunkRef]:
     """The chunks holding ``job_id``'s records of ``model`` numbered after ``after`` up to
     ``upto``, in order."""
-    return [
-        ChunkRef.of(row)
-        for row in session.scalars(
-            select(RecordChunk)
-            .where(
-                RecordChunk.job_id == job_id,
-                RecordChunk.kind == kind_of(model),
-                RecordChunk.last_number > after,
-                RecordChunk.first_number <= upto,
-            )
-            .order_by(RecordChunk.first_number)
-        )
-    ]
+    return _chunks(
+        session,
+        job_id,
+        model,
+        RecordChunk.last_number > after,
+        RecordChunk.first_number <= upto,
+    )
 
 
 def chunks_from_time(session: Session, job_id: str, model: Any, since: float) -> list[ChunkRef]:
     """The chunks holding any of ``job_id``'s records of ``model`` at or after ``since``."""
-    return [
-        ChunkRef.of(row)
-        for row in session.scalars(
-            select(RecordChunk)
-            .where(
-                RecordChunk.job_id == job_id,
-                RecordChunk.kind == kind_of(model),
-                RecordChunk.max_time >= since,
-            )
-            .order_by(RecordChunk.first_number)
-        )
-    ]
+    return _chunks(session, job_id, model, RecordChunk.max_time >= since)
+
+
+def _chunks(session: Session, job_id: str, model: Any, *conditions: Any) -> list[ChunkRef]:
+    query = (
+        select(RecordChunk)
+        .where(RecordChunk.job_id == job_id, RecordChunk.kind == kind_of(model), *conditions)
+        .order_by(RecordChunk.first_number)
+    )
+    return [ChunkRef.of(row) for row in session.scalars(query)]
