@@ -35,6 +35,7 @@ from ffdl.cli.demo import (
 from ffdl.cli.main import CliContext, app
 from ffdl.client.config import ClientConfig
 from ffdl.client.http import Client
+from tests.integration.live import interruptible
 
 MODEL_ID = "training-abc12345"
 MODEL: dict[str, Any] = {
@@ -521,7 +522,10 @@ def test_ctrl_c_during_the_demo_stops_the_platform(tmp_path: Path, example: Path
     )
     argv = [sys.executable, "-c", script, str(home), str(example)]
     demo = subprocess.Popen(
-        [*argv, *fake_platform(tmp_path, "HANG")], stdout=subprocess.PIPE, text=True
+        [*argv, *fake_platform(tmp_path, "HANG")],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=interruptible,
     )
     try:
         assert demo.stdout is not None

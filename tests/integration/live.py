@@ -321,6 +321,13 @@ def followed_socket_lines(server: LiveServer, job_id: str, query: str) -> list[s
         ws.close()
 
 
+def interruptible() -> None:
+    """``preexec_fn`` of a child that a test interrupts with SIGINT (Ctrl-C): a suite started
+    in the background by a shell without job control runs with SIGINT ignored, and children
+    inherit that, so the child takes the default back."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def running_server(home: Path, **config: Any) -> contextlib.AbstractContextManager[LiveServer]:
     return serving(LiveServer(home=home, config={**FAST_CONFIG, **config}))
 

@@ -24,6 +24,7 @@ from tests.integration.live import (
     FAST_CONFIG,
     LiveServer,
     ffdl_output,
+    interruptible,
     manifest_yaml,
     serving,
     wait_for,
@@ -300,6 +301,7 @@ def test_ctrl_c_stops_following_and_says_the_job_goes_on(
         text=True,
         env=_env(server),
         cwd=tmp_path,
+        preexec_fn=interruptible,
     )
     assert follower.stdout is not None
     # The platform's own lines come first; the command's line says it runs.
