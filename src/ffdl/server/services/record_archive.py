@@ -157,7 +157,9 @@ def archive_pass(platform: Platform) -> int:
         for model in (LogLine, Metric):
             while (count := move_chunk(*parts, job_id, model, chunk_records)) > 0:
                 moved += count
-    if len(jobs) > JOBS_PER_PASS:
+    # More are due: go on at once, but only while passes get somewhere (a store that refuses
+    # every write, or jobs whose records cannot move, wait for the next interval).
+    if len(jobs) > JOBS_PER_PASS and moved:
         platform.wakeups.notify_here("archiver")
     if moved:
         log.info("archived %d records of %d jobs", moved, min(len(jobs), JOBS_PER_PASS))
