@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from ffdl.core.errors import Unavailable
 from ffdl.core.status import JobStatus
-from ffdl.server.archive import ChunkRef, RecordArchive, decode_chunk, encode_chunk
+from ffdl.server.archive import ChunkRef, RecordArchive, encode_chunk
 from ffdl.server.services.record_archive import due_jobs, move_chunk
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
 from ffdl.server.store.models import Job, LogLine, Metric, RecordChunk
 from ffdl.server.store.transitions import utcnow
-from ffdl.storage.base import StorageError, StoreUnreachable
+from ffdl.storage.base import StoreUnreachable
 from ffdl.storage.blobs import MemoryBlobStore
 from tests.server.factories import make_job, make_store, on_both_databases
 
@@ -104,10 +105,10 @@ def test_a_jobs_records_move_in_chunks_and_the_newest_metric_stays(
         ("log", 25, 30, 1e9 + 25, 1e9 + 30),
         ("metric", 1, 2, 1e9 + 1, 1e9 + 2),
     ]
-    (metric_key,) = [k for k in blobs.objects if "/metric-" in k]
     with store.read() as session:
         ref = ChunkRef.of(session.query(RecordChunk).filter_by(kind="metric").one())
-    records = decode_chunk(ref, blobs.get(metric_key))
+    assert [k for k in blobs.objects if "/metric-" in k] == [ref.key]
+    records = RecordArchive(lambda: blobs).records(ref, after=0, limit=10)
     assert [(r.number, r.iteration, r.values, r.group) for r in records] == [
         (1, 1, {"loss": 1.0}, "train"),
         (2, 2, {"loss": 0.5}, "train"),
@@ -177,5 +178,7 @@ def test_a_chunk_that_does_not_hold_its_numbers_is_refused() -> None:
         for n in (1, 2, 4)
     ]
     ref = ChunkRef(job_id="j", kind="log", first=1, last=3, min_time=1, max_time=1, key="k")
-    with pytest.raises(StorageError, match="does not hold the records it should"):
-        decode_chunk(ref, encode_chunk("log", rows))
+    blobs = MemoryBlobStore()
+    blobs.put("k", encode_chunk("log", rows))
+    with pytest.raises(Unavailable, match="does not hold the records it should"):
+        RecordArchive(lambda: blobs).records(ref, after=0, limit=3)

@@ -109,12 +109,6 @@ def _record(chunk: ChunkRef, line: str, number: int | None = None) -> Any:
     return (LogLine if chunk.kind == LOG else Metric)(job_id=chunk.job_id, **fields)
 
 
-def decode_chunk(chunk: ChunkRef, data: bytes) -> list[Any]:
-    """The chunk's records as unsaved ``LogLine``/``Metric`` objects, in number order."""
-    lines = _chunk_lines(chunk, data)
-    return [_record(chunk, line, chunk.first + i) for i, line in enumerate(lines)]
-
-
 class RecordArchive:
     """The archive store (opened on first use, by ``opener``) and the chunks read lately.
 

@@ -26,6 +26,7 @@ from ffdl.backends.simulated import SimulatedConfig, SimulatedSetup
 from ffdl.core.resources import Node
 from ffdl.core.units import parse_size_mb
 from ffdl.server.services.runtimes import RuntimeConfig, check_paths, check_runtimes
+from ffdl.storage.blobs import check_blob_url
 
 
 class NodeConfig(BaseModel):
@@ -262,14 +263,8 @@ class Settings(BaseSettings):
     def _archive_url(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        value = value.strip()
-        scheme = urlsplit(value).scheme
-        if scheme not in ("", "file", "s3") or (scheme == "s3" and not urlsplit(value).netloc):
-            raise ValueError(
-                "archive_store must be a directory, file:///DIR or s3://BUCKET[/PREFIX], "
-                f"got {value!r}"
-            )
-        return value
+        check_blob_url(value.strip(), "archive_store")
+        return value.strip()
 
     @field_validator("runtimes")
     @classmethod

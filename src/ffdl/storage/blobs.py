@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from ffdl.storage.base import StorageError, StoreNotFound
 from ffdl.storage.connection import S3Connection
@@ -174,12 +174,21 @@ class MemoryBlobStore:
                 del self.objects[key]
 
 
-def open_blob_store(url: str, options: Mapping[str, str]) -> BlobStore:
-    """The store ``url`` names: a directory, ``file:///DIR`` or ``s3://BUCKET[/PREFIX]``
-    (connection fields in ``options``: endpoint, access_key, secret_key, region)."""
+def check_blob_url(url: str, name: str = "a store URL") -> SplitResult:
+    """``url``'s parts when it names a store ``open_blob_store`` opens: a directory,
+    ``file:///DIR`` or ``s3://BUCKET[/PREFIX]``; a ValueError naming it as ``name`` if not."""
     parts = urlsplit(url)
+    if parts.scheme not in ("", "file", "s3") or (parts.scheme == "s3" and not parts.netloc):
+        raise ValueError(
+            f"{name} must be a directory, file:///DIR or s3://BUCKET[/PREFIX], got {url!r}"
+        )
+    return parts
+
+
+def open_blob_store(url: str, options: Mapping[str, str]) -> BlobStore:
+    """The store ``url`` names (``check_blob_url``), with S3 connection fields in
+    ``options``: endpoint, access_key, secret_key, region."""
+    parts = check_blob_url(url)
     if parts.scheme == "s3":
         return S3BlobStore(S3Connection.from_fields(options), f"{parts.netloc}{parts.path}")
-    if parts.scheme in ("", "file"):
-        return DirectoryBlobStore(Path(parts.path if parts.scheme else url).expanduser())
-    raise ValueError(f"not a directory, file:// or s3:// URL: {url!r}")
+    return DirectoryBlobStore(Path(parts.path if parts.scheme else url).expanduser())
