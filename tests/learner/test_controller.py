@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from ffdl.learner.controller import ALREADY_RUNNING_EXIT
 from ffdl.learner.runtime import RuntimeSpec
 from ffdl.learner.spec import DataMount, LearnerSpec, dump_spec
 
@@ -161,6 +162,24 @@ def test_happy_path_reports_every_phase_in_order(
         "third",
         "no newline at the end",
     ]
+
+
+def test_a_second_controller_of_one_attempt_leaves_it_to_the_first(
+    tmp_path: Path, api: RecordingApi, launch: Any
+) -> None:
+    spec = make_spec(tmp_path, api.url, "echo started; sleep 30")
+    first = launch(spec)
+    wait_until(lambda: "started" in api.log_texts("stdout"), what="the first command")
+    second = launch(spec)
+    assert second.wait() == ALREADY_RUNNING_EXIT
+    assert first.process.poll() is None, "the first controller runs on"
+    assert not (first.state_dir / "result.json").exists()
+    assert api.log_texts("stdout") == ["started"], "one command"
+    first.kill()
+    # Its lock died with it: the attempt can be run again.
+    rerun = launch(dataclasses.replace(spec, command="echo again"))
+    assert rerun.wait() == 0
+    assert (rerun.result()["status"], rerun.result()["exit_code"]) == ("COMPLETED", 0)
 
 
 def test_data_is_staged_and_reused_on_the_next_attempt(

@@ -80,6 +80,21 @@ def _proc_alive(pid: int, marker: str) -> bool:
     return state not in ("Z", "X") and marker in cmdline
 
 
+def _controller_running(spec_path: Path) -> int | None:
+    """The pid of a live controller started on ``spec_path``, if this host runs one."""
+    wanted = [b"-m", CONTROLLER_MODULE.encode(), str(spec_path).encode()]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if argv[1:] == wanted and _proc_alive(int(entry.name), str(spec_path)):
+            return int(entry.name)
+    return None
+
+
 def _with_sandbox(handle: Handle, spec: LearnerSpec) -> Handle:
     """The handle plus what ``kill`` needs to clean up after a controller that cannot."""
     sandbox = spec.sandbox
@@ -168,6 +183,11 @@ class LocalBackend:
         state_dir.mkdir(parents=True, exist_ok=True)
         spec_path = state_dir / "spec.json"
         existing = self._running_handle(state_dir, spec_path)
+        if existing is None and spec_path.exists():
+            # A launcher that died between starting the controller and recording its pid
+            # (its replica killed mid-deploy) left a spec and no pid: a controller may run
+            # for this attempt all the same, and a second one would share its sandbox.
+            existing = self._adopt_running(state_dir, spec_path)
         if existing is not None:
             return _with_sandbox(existing, spec)
         dump_spec(spec, spec_path)
@@ -201,6 +221,16 @@ class LocalBackend:
         if _proc_alive(pid, str(spec_path)) or (state_dir / "result.json").exists():
             return {"pid": pid, "state_dir": str(state_dir), "spec": str(spec_path)}
         return None
+
+    def _adopt_running(self, state_dir: Path, spec_path: Path) -> Handle | None:
+        """The handle of a controller already running ``spec_path`` that no pid file names,
+        found among this host's processes, its pid recorded now; None if none runs."""
+        pid = _controller_running(spec_path)
+        if pid is None:
+            return None
+        log.info("adopting controller %d, already running %s", pid, spec_path)
+        (state_dir / "launched.pid").write_text(str(pid))
+        return {"pid": pid, "state_dir": str(state_dir), "spec": str(spec_path)}
 
     def _controller_env(self) -> dict[str, str]:
         # Controllers get a minimal environment: nothing of the server's own configuration.
