@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet 'torch==2.13.0'
-	$(BIN)/pip install --quiet -e '.[examples,dev,ray,postgres]'
+	$(BIN)/pip install --quiet -e '.[examples,dev,ray,postgres,sim]'
 	touch $(STAMP)
 
 # Learners run under bubblewrap; root installs it (and iproute2 for distributed jobs).

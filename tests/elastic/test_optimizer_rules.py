@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from ffdl.core.manifest import ElasticSpec
+from ffdl.elastic.candidates import batch_choice
 from ffdl.elastic.efficiency import GradientStats
 from ffdl.elastic.optimizer import (
     MAX_GPU_CHOICES,
@@ -19,7 +20,6 @@ from ffdl.elastic.optimizer import (
     useful_progress,
 )
 from ffdl.elastic.throughput import ThroughputModel
-from ffdl.server.loops.autoscaler import batch_choice
 
 FAIRNESS_AFTER_S = 600.0
 

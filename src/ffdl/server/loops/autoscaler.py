@@ -27,13 +27,13 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from ffdl.core.manifest import ElasticSpec, Manifest
+from ffdl.core.manifest import Manifest
 from ffdl.core.resources import Placement
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.elastic.autoscale import Candidate, autoscale
+from ffdl.elastic.candidates import JobState, elastic_candidate
 from ffdl.elastic.efficiency import GradientStats
-from ffdl.elastic.optimizer import ElasticJob
-from ffdl.elastic.plan import RescaleDecision, apply_schedule
+from ffdl.elastic.plan import RescaleDecision
 from ffdl.elastic.throughput import StepObservation, ThroughputModel, fit, prior
 from ffdl.sdk.metrics import GRADIENT_GROUP
 from ffdl.server.loops.scheduler import PREEMPTED
@@ -156,47 +156,26 @@ class AutoscalerLoop:
         grad_stats: GradientStats | None,
         cluster_gpus: int,
     ) -> Candidate:
-        manifest = Manifest.from_dict(job.manifest)
-        elastic = manifest.elastic
+        elastic = Manifest.from_dict(job.manifest).elastic
         assert elastic is not None
-        per = max(job.gpus, 1)
-        low = max(elastic.gpus.min, per)
-        low += (-low) % per
-        high = max(elastic.gpus.max - elastic.gpus.max % per, low)
-        # No job uses more than the cluster, and the optimizer thins a long range to a few
-        # choices: thinned over the cluster's sizes, its steps fall where they can be used.
-        high = max(min(high, cluster_gpus - cluster_gpus % per), low)
-        batch_range, base_batch = batch_choice(elastic, high)
-        pinned = job.pinned_gpus
-        if pinned is None and elastic.schedule and epoch_now is not None:
-            pinned = apply_schedule(
-                [{"at_epoch": s.at_epoch, "gpus": s.gpus} for s in elastic.schedule], epoch_now
-            )
-        restarted = epoch(job.status_changed_at)
-        recent = now - restarted < self._platform.settings.min_rescale_interval_s
-        hold = bool(gpus) and recent and (pinned is None or pinned == gpus)
         learned = self._learned.get(job.id)
-        return Candidate(
-            job=ElasticJob(
-                id=job.id,
-                priority=job.priority,
-                gpu_range=(low, high),
-                batch_range=batch_range,
-                base_batch=base_batch,
-                gpus_per_learner=per,
-                local_batch_range=(
-                    None
-                    if elastic.local_batch_size is None or batch_range is None
-                    else (elastic.local_batch_size.min, elastic.local_batch_size.max)
-                ),
-                model=learned.model if learned else prior(),
-                grad_stats=grad_stats,
-                current_gpus=gpus,
-                current_batch=(job.batch_size or base_batch) if gpus else None,
-                waited_s=0.0 if gpus else max(now - epoch(job.status_changed_at), 0.0),
-            ),
-            pinned_gpus=pinned,
-            hold=hold,
+        state = JobState(
+            id=job.id,
+            priority=job.priority,
+            elastic=elastic,
+            gpus_per_learner=job.gpus,
+            current_gpus=gpus,
+            current_batch=job.batch_size,
+            since_change_s=now - epoch(job.status_changed_at),
+            epoch=epoch_now,
+            pinned_gpus=job.pinned_gpus,
+        )
+        return elastic_candidate(
+            state,
+            cluster_gpus=cluster_gpus,
+            min_rescale_interval_s=self._platform.settings.min_rescale_interval_s,
+            model=learned.model if learned else prior(),
+            grad_stats=grad_stats,
         )
 
     def _epochs(self, session: Any, job_ids: list[str]) -> dict[str, int]:
@@ -336,20 +315,6 @@ def gradient_stats(session: Any, job_ids: list[str]) -> dict[str, GradientStats]
         for job_id, acc in sums.items()
         if acc[0] > 0
     }
-
-
-def batch_choice(elastic: ElasticSpec, gpu_cap: int) -> tuple[tuple[int, int] | None, int]:
-    """A job's batch range for the optimizer and its efficiency reference batch (``b0``).
-
-    The range is the manifest's, as written: the optimizer itself keeps every GPU's share
-    of a batch within the per-GPU limits (at least one sample), so a small batch only rules
-    out GPU counts it cannot feed, never the small counts it can. ``b0`` is the batch the
-    job starts with (the range's minimum), whatever its GPU range. Without a range the
-    batch is not the optimizer's to choose, and ``b0`` is 64 samples per GPU of the cap.
-    """
-    if elastic.batch_size is None:
-        return None, max(64 * gpu_cap, 1)
-    return (elastic.batch_size.min, elastic.batch_size.max), elastic.batch_size.min
 
 
 def _on(job: Job, nodes: set[str]) -> bool:
