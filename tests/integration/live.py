@@ -23,6 +23,7 @@ import websocket
 import yaml
 from websocket import ABNF
 
+from ffdl.client.http import KEEPALIVE_S as CLIENT_KEEPALIVE_S
 from ffdl.learner.cgroups import LearnerCgroup
 from ffdl.learner.sandbox import KILLED_HOLD_S, NETNS_PREFIX, remove_netns_if_unused
 
@@ -104,7 +105,10 @@ class LiveServer:
     def client(self) -> httpx.Client:
         if self._client is None:
             self._client = httpx.Client(
-                base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30
+                base_url=self.url,
+                headers={"Authorization": f"Bearer {self.token}"},
+                timeout=30,
+                limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_S),
             )
         return self._client
 

@@ -34,6 +34,9 @@ BAD_RESPONSE = "BAD_RESPONSE"
 # A submit is retried this many times (after the first try) when the server cannot be
 # reached or its answer is lost, waiting 0.5, 1, 2, 4, 8 s: long enough for a restart.
 SUBMIT_RETRIES = 5
+# Idle connections are dropped well before the server closes them (its default: after 5 s):
+# a request sent on a connection the server is closing at that moment fails with a reset.
+KEEPALIVE_S = 2.0
 SUBMIT_RETRY_DELAY_S = 0.5
 SUBMIT_RETRY_DELAY_MAX_S = 8.0
 # Answers of a proxy whose server is away: the key makes retrying them safe too.
@@ -212,6 +215,7 @@ class Client:
             transport=transport,
             timeout=timeout,
             auth=None if token else auth,
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
         )
 
     def close(self) -> None:
