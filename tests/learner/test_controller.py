@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ffdl.learner.controller import ALREADY_RUNNING_EXIT
+from ffdl.learner.attempt_lock import ALREADY_RUNNING_EXIT
 from ffdl.learner.runtime import RuntimeSpec
 from ffdl.learner.spec import DataMount, LearnerSpec, dump_spec
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ from typing import TextIO
 
 from ffdl.core.status import ErrorCode, LearnerStatus
 from ffdl.learner import metrics, runtime, sandbox, staging
+from ffdl.learner.attempt_lock import ALREADY_RUNNING_EXIT, claim_attempt
 from ffdl.learner.gpu_sampler import GpuSampler, visible_indexes
 from ffdl.learner.limits import LearnerLimits, memory_text
 from ffdl.learner.metric_sources import MetricSources
@@ -64,10 +64,6 @@ STOP_PRIORITY = {HALT: 1, GAVE_UP: 2, CANCEL: 3, GONE: 4}
 SPOOL_DIR = "spool"
 # Where the learner's LOG_DIR (its training log) goes in the results: logs/learner-N/.
 RESULT_LOGS_DIR = "logs"
-# Held by the one controller of an attempt, in its state directory.
-CONTROLLER_LOCK = "controller.lock"
-# The exit of a controller started for an attempt another controller already runs.
-ALREADY_RUNNING_EXIT = 75
 
 logger = logging.getLogger("ffdl.learner.controller")
 
@@ -191,7 +187,8 @@ class Controller:
 
     def run(self) -> int:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if not self._claim_attempt():
+        self._attempt_lock = claim_attempt(self.state_dir)
+        if self._attempt_lock is None:
             # Two controllers of one attempt would share its sandbox (cgroup, output) and
             # each end the other's command: the second leaves everything to the first.
             print(
@@ -253,20 +250,6 @@ class Controller:
         write_result(self.state_dir, outcome)
         (self.state_dir / PID_FILE).unlink(missing_ok=True)
         return 0 if delivered else 1
-
-    def _claim_attempt(self) -> bool:
-        """Hold this attempt's lock for the controller's lifetime; False if another holds it.
-
-        The kernel drops the lock when this process dies, however it dies.
-        """
-        handle = open(self.state_dir / CONTROLLER_LOCK, "a")  # noqa: SIM115 - held till exit
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            return False
-        self._attempt_lock = handle
-        return True
 
     def _status(self, status: LearnerStatus) -> None:
         logger.info("status %s", status.value)
