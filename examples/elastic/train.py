@@ -8,6 +8,10 @@ This script owns the training side of that contract:
 - with ``WORLD_SIZE`` > 1 it trains data-parallel (gloo, ``DistributedDataParallel``), each
   rank taking its slice of every global batch, so one step sees the same global batch
   whatever the number of learners;
+- a slice larger than one GPU holds (``elastic.local_batch_size.max``) runs as the
+  ``FFDL_ACCUMULATION_STEPS`` micro-batches the platform asks for, their gradients summed
+  before one exchange and one optimizer step (the manifest says
+  ``accumulate_gradients: true``), so a batch of 128 fits one learner;
 - the learning rate follows the linear scaling rule, ``lr = BASE_LR * batch / BASE_BATCH``
   (0.002 at the base batch of 64), decayed over the run by a cosine schedule;
 - rank 0 checkpoints at every epoch end and every rank resumes from the newest checkpoint;
@@ -20,6 +24,7 @@ scikit-learn's bundled copy (no download).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -63,10 +68,12 @@ RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=180)
 
 @dataclass(frozen=True)
 class Gang:
-    """This process's place in the data-parallel group (a gang of one when not distributed)."""
+    """This process's place in the data-parallel group (a gang of one when not distributed)
+    and how it runs its slice of a global batch."""
 
     rank: int
     world_size: int
+    job: JobContext
 
     @property
     def distributed(self) -> bool:
@@ -116,7 +123,7 @@ def epoch_learning_rate(peak_lr: float, epoch: int, epochs: int) -> float:
 
 
 def join_gang(job: JobContext) -> Gang:
-    gang = Gang(rank=job.rank, world_size=job.world_size)
+    gang = Gang(rank=job.rank, world_size=job.world_size, job=job)
     if gang.distributed:
         # MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE come from the platform (env://).
         dist.init_process_group(
@@ -210,6 +217,14 @@ def sum_over_gang(gang: Gang, values: list[float]) -> list[float]:
     return [float(value) for value in totals.tolist()]
 
 
+def exchange_deferred(model: nn.Module, *, defer: bool) -> contextlib.AbstractContextManager[Any]:
+    """Gradients of all but a step's last micro-batch stay local; DDP exchanges their sum
+    once, after the last one."""
+    if defer and isinstance(model, DistributedDataParallel):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
 def train_one_epoch(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -228,14 +243,19 @@ def train_one_epoch(
         if len(batch) < gang.world_size:
             continue
         mine = torch.tensor_split(batch, gang.world_size)[gang.rank]
-        batch_images, batch_labels = images[mine].to(device), labels[mine].to(device)
         optimizer.zero_grad()
-        logits = model(batch_images)
-        loss = nn.functional.cross_entropy(logits, batch_labels)
-        torch.autograd.backward(loss)
+        micro_batches = torch.split(mine, gang.job.micro_batches(len(mine)))
+        for index, micro in enumerate(micro_batches):
+            micro_images, micro_labels = images[micro].to(device), labels[micro].to(device)
+            last = index == len(micro_batches) - 1
+            with exchange_deferred(model, defer=not last):
+                logits = model(micro_images)
+                loss = nn.functional.cross_entropy(logits, micro_labels)
+                # Weighted by its share of the slice: the summed gradients are the slice's mean.
+                torch.autograd.backward(loss * len(micro) / len(mine))
+            loss_sum += loss.item() * len(micro)
+            correct += int((logits.argmax(dim=1) == micro_labels).sum().item())
         optimizer.step()
-        loss_sum += loss.item() * len(mine)
-        correct += int((logits.argmax(dim=1) == batch_labels).sum().item())
         seen += len(mine)
     loss_total, correct_total, seen_total = sum_over_gang(gang, [loss_sum, correct, seen])
     return EpochResult(
@@ -355,6 +375,7 @@ def main() -> int:
     if gang.is_chief:
         print(
             f"config: learners={gang.world_size} batch={arguments.batch_size} "
+            f"micro_batch={job.micro_batch_size or '-'} steps={job.accumulation_steps} "
             f"lr={peak_lr:g} resumed_epoch={progress.completed_epochs}",
             flush=True,
         )

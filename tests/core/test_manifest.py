@@ -438,6 +438,12 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("the starting size does not fit the local limits",
      elastic(batch_size={"min": 512, "max": 1024}, local_batch_size={"min": 16, "max": 128}),
      "elastic.local_batch_size", "C104"),
+    ("accumulate_gradients not a boolean", elastic(accumulate_gradients="yes"),
+     "elastic.accumulate_gradients", "C104"),
+    ("accumulation does not lift the per-GPU minimum",
+     elastic(batch_size={"min": 16, "max": 32}, local_batch_size={"min": 64, "max": 128},
+             accumulate_gradients=True),
+     "elastic.local_batch_size", "C104"),
 ]  # fmt: skip
 
 
@@ -660,3 +666,13 @@ def test_per_gpu_batch_limits_are_read_with_the_elastic_ranges() -> None:
     assert manifest.elastic is not None and manifest.elastic.local_batch_size is not None
     limits = manifest.elastic.local_batch_size
     assert (limits.min, limits.max) == (32, 64)
+
+
+def test_accumulating_jobs_may_start_with_more_per_gpu_than_a_gpu_holds() -> None:
+    limits = {"batch_size": {"min": 512, "max": 1024}, "local_batch_size": {"min": 16, "max": 128}}
+    with pytest.raises(ManifestError, match="accumulate_gradients: true"):
+        parse_manifest(manifest_text(**elastic(**limits)))
+    manifest = parse_manifest(manifest_text(**elastic(**limits, accumulate_gradients=True)))
+    assert manifest.elastic is not None and manifest.elastic.accumulate_gradients
+    # One GPU can run any batch of the range by accumulating; at most 1024 / 16 GPUs.
+    assert manifest.elastic.gpus_for_local_batches() == (1, 64)

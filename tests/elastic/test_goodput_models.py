@@ -23,7 +23,9 @@ class MeasuredCurve:
 
     rates: tuple[float, ...]
 
-    def goodput(self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray) -> FloatArray:
+    def goodput(
+        self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray, steps: FloatArray
+    ) -> FloatArray:
         index = np.clip(gpus.astype(np.int64), 1, len(self.rates)) - 1
         result: FloatArray = np.asarray(self.rates, dtype=np.float64)[index]
         return result

@@ -16,7 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import yaml
 
 from ffdl.sdk.context import DIRECTORY_VARIABLES
 from tests.integration.live import FAST_CONFIG, LiveServer, serving, wait_for
@@ -29,9 +31,18 @@ EPOCHS = 30
 BASE_LR, BASE_BATCH = 2e-3, 64
 ACCURACY_TOLERANCE = 0.01
 # A parent process's platform variables must not leak into the baseline learner.
-PLATFORM_VARIABLES = ("FFDL_EMETRICS_FILE", "FFDL_BATCH_SIZE", "FFDL_GPUS", "WORLD_SIZE", "RANK")
+PLATFORM_VARIABLES = (
+    "FFDL_EMETRICS_FILE",
+    "FFDL_BATCH_SIZE",
+    "FFDL_MICRO_BATCH_SIZE",
+    "FFDL_ACCUMULATION_STEPS",
+    "FFDL_GPUS",
+    "WORLD_SIZE",
+    "RANK",
+)
 CONFIG_LINE = re.compile(
-    r"^config: learners=(?P<learners>\d+) batch=(?P<batch>\d+) lr=(?P<lr>\S+) "
+    r"^config: learners=(?P<learners>\d+) batch=(?P<batch>\d+) "
+    r"micro_batch=(?P<micro>\S+) steps=(?P<steps>\d+) lr=(?P<lr>\S+) "
     r"resumed_epoch=(?P<resumed>\d+)$"
 )
 
@@ -60,7 +71,9 @@ def run_baseline(root: Path) -> dict[str, Any]:
         timeout=120,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert "config: learners=1 batch=64 lr=0.002 resumed_epoch=0" in completed.stdout
+    assert "config: learners=1 batch=64 micro_batch=- steps=1 lr=0.002 resumed_epoch=0" in (
+        completed.stdout
+    )
     summary: dict[str, Any] = json.loads((directories["RESULT_DIR"] / "metrics.json").read_text())
     return summary
 
@@ -79,23 +92,27 @@ def one_node_server(tmp_path: Path) -> Iterator[LiveServer]:
         yield live
 
 
-def submit_example(server: LiveServer) -> str:
+def post_example(server: LiveServer, manifest: bytes | None = None) -> httpx.Response:
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w") as bundle:
         for path in sorted(EXAMPLE_DIR.iterdir()):
             if path.is_file() and path.suffix in {".py", ".md", ".yml"}:
                 bundle.write(path, path.name)
-    response = server.client.post(
+    return server.client.post(
         "/v1/models",
         files={
             "manifest": (
                 "manifest.yml",
-                (EXAMPLE_DIR / "manifest.yml").read_bytes(),
+                manifest or (EXAMPLE_DIR / "manifest.yml").read_bytes(),
                 "application/x-yaml",
             ),
             "model_definition": ("model.zip", archive.getvalue(), "application/zip"),
         },
     )
+
+
+def submit_example(server: LiveServer, manifest: bytes | None = None) -> str:
+    response = post_example(server, manifest)
     assert response.status_code == 201, response.text
     return str(response.json()["model_id"])
 
@@ -186,6 +203,9 @@ def test_rescaled_run_trains_each_epoch_once_and_matches_an_uninterrupted_one(
     assert 0 < resumed[first_on_two] < resumed[last_on_one], starts
     for line in starts:
         assert 64 <= int(line["batch"]) <= 128, line
+        # Each GPU's slice runs in micro-batches of at most elastic.local_batch_size.max.
+        micro, steps = int(line["micro"]), int(line["steps"])
+        assert micro <= 64 and micro * steps * int(line["learners"]) >= int(line["batch"]), line
         assert math.isclose(float(line["lr"]), BASE_LR * int(line["batch"]) / BASE_BATCH), line
 
     # The example declares its total, so the platform shows how far it came.
@@ -212,3 +232,35 @@ def test_rescaled_run_trains_each_epoch_once_and_matches_an_uninterrupted_one(
     assert summary["epochs"] == EPOCHS
     assert summary["final_learners"] == 1
     assert summary["test_accuracy"] == pytest.approx(accuracy)
+
+
+def test_a_batch_past_the_gpus_memory_runs_as_accumulated_micro_batches(
+    one_node_server: LiveServer,
+) -> None:
+    """Two learners of at most 8 samples each run the batch of 64 as 4 micro-batches of 8."""
+    server = one_node_server
+    manifest = yaml.safe_load((EXAMPLE_DIR / "manifest.yml").read_text())
+    manifest["learners"] = 2
+    manifest["framework"]["command"] = "python train.py --epochs 3"
+    manifest["elastic"] = {
+        "gpus": {"min": 2, "max": 2},
+        "batch_size": {"min": 64, "max": 64},
+        "local_batch_size": {"min": 1, "max": 8},
+        "accumulate_gradients": True,
+    }
+    job_id = submit_example(server, yaml.safe_dump(manifest).encode())
+    server.wait_status(job_id, {"COMPLETED"}, timeout=120)
+
+    starts = config_lines(server, job_id)
+    assert [(s["learners"], s["batch"], s["micro"], s["steps"]) for s in starts] == [
+        ("2", "64", "8", "4")
+    ], starts
+    accuracy = float(metric_records(server, job_id, "test")[0]["values"]["accuracy"]["value"])
+    assert accuracy >= 0.9, accuracy
+
+    # Without accumulation the same limits cannot hold that batch: refused, naming the field.
+    del manifest["elastic"]["accumulate_gradients"]
+    response = post_example(server, yaml.safe_dump(manifest).encode())
+    assert response.status_code == 400, response.text
+    assert "elastic.local_batch_size" in response.text
+    assert "accumulate_gradients: true" in response.text

@@ -26,6 +26,8 @@ CONTEXT_VARIABLES = (
     "LOCAL_RANK",
     "FFDL_GPUS",
     "FFDL_BATCH_SIZE",
+    "FFDL_MICRO_BATCH_SIZE",
+    "FFDL_ACCUMULATION_STEPS",
 )
 
 
@@ -53,6 +55,8 @@ def test_context_reads_every_platform_variable(
         "NUM_LEARNERS": "4",
         "FFDL_GPUS": "2",
         "FFDL_BATCH_SIZE": "128",
+        "FFDL_MICRO_BATCH_SIZE": "8",
+        "FFDL_ACCUMULATION_STEPS": "4",
         "RANK": "1",
         "WORLD_SIZE": "4",
         "LOCAL_RANK": "0",
@@ -80,6 +84,8 @@ def test_context_reads_every_platform_variable(
         local_rank=0,
         master_addr="10.0.0.5",
         master_port=29500,
+        micro_batch_size=8,
+        accumulation_steps=4,
     )
     assert not job.is_chief
 
@@ -93,6 +99,8 @@ def test_local_defaults_outside_the_platform(clean_env: pytest.MonkeyPatch, tmp_
     assert (job.rank, job.world_size, job.local_rank) == (0, 1, 0)
     assert job.gpus is None
     assert job.batch_size is None
+    assert (job.micro_batch_size, job.accumulation_steps) == (None, 1)
+    assert job.micro_batches(32) == [32]
     assert job.master_addr is None
     assert job.master_port is None
     assert job.is_chief
@@ -174,3 +182,20 @@ def test_context_is_immutable(clean_env: pytest.MonkeyPatch) -> None:
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.learner_id = 2  # type: ignore[misc]
+
+
+def test_a_share_splits_into_the_accumulation_steps(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("FFDL_ACCUMULATION_STEPS", "4")
+    job = context()
+    assert job.micro_batches(32) == [8, 8, 8, 8]
+    assert job.micro_batches(33) == [9, 8, 8, 8]
+    # A tail shorter than the steps still gives every micro-batch a sample.
+    assert job.micro_batches(3) == [1, 1, 1]
+    with pytest.raises(ValueError, match="share must be >= 0"):
+        job.micro_batches(-1)
+
+
+def test_malformed_accumulation_steps_name_the_variable(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("FFDL_ACCUMULATION_STEPS", "0")
+    with pytest.raises(ValueError, match="FFDL_ACCUMULATION_STEPS must be >= 1"):
+        context()

@@ -9,6 +9,7 @@ memory and storage in MiB, durations in seconds; ``to_dict``/``from_dict`` store
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Literal
@@ -29,6 +30,7 @@ from ffdl.core.limits import MAX_COUNT
 from ffdl.core.manifest_fields import (
     RESOURCE_SPEC_CODE,
     as_manifest_error,
+    boolean_field,
     code_for,
     group_names,
     integer_field,
@@ -283,6 +285,12 @@ class PlacementSpec(_Section):
     same: Annotated[str | None, text_field(required=True, nullable=True)] = None
 
 
+ACCUMULATION_HINT = (
+    "; if the training loop accumulates gradients over micro-batches, say "
+    "elastic.accumulate_gradients: true"
+)
+
+
 class IntRange(_Section):
     min: Annotated[int, integer_field(minimum=1)]
     max: Annotated[int, integer_field(minimum=1)]
@@ -305,22 +313,27 @@ class ScheduleStep(_Section):
 class ElasticSpec(_Section):
     """The range of total GPUs a job can be rescaled within, its global batch range, the
     per-GPU batch limits of its model (the most samples one GPU's memory holds, the fewest
-    that keep it busy), and an optional fixed schedule."""
+    that keep it busy), whether its training loop accumulates gradients (then a GPU's share
+    may exceed the maximum, run as several micro-batches per step), and an optional fixed
+    schedule."""
 
     gpus: IntRange
     batch_size: IntRange | None = None
     local_batch_size: IntRange | None = None
+    accumulate_gradients: Annotated[bool, boolean_field()] = False
     schedule: Annotated[list[ScheduleStep], BeforeValidator(list_or_empty)] = Field(
         default_factory=list
     )
 
     def gpus_for_local_batches(self) -> tuple[int, int] | None:
         """The GPU counts (fewest, most) on which some batch of ``batch_size`` gives each
-        GPU a share inside ``local_batch_size``; None without both."""
+        GPU a share inside ``local_batch_size`` (above its maximum too, for a job that
+        accumulates gradients); None without both."""
         local, batches = self.local_batch_size, self.batch_size
         if local is None or batches is None:
             return None
-        return -(-batches.min // local.max), batches.max // local.min
+        fewest = 1 if self.accumulate_gradients else -(-batches.min // local.max)
+        return fewest, batches.max // local.min
 
     @model_validator(mode="after")
     def _local_batches_reachable(self) -> ElasticSpec:
@@ -339,6 +352,8 @@ class ElasticSpec(_Section):
                 f"batch of elastic.batch_size ({batches.min}..{batches.max}) at "
                 f"{local.min}..{local.max} per GPU"
             )
+            if not self.accumulate_gradients and most >= self.gpus.min:
+                reason += ACCUMULATION_HINT
             raise invalid(reason, "local_batch_size")
         return self
 
@@ -399,12 +414,15 @@ class Manifest(_Section):
             local, batches = self.elastic.local_batch_size, self.elastic.batch_size
             if local is not None and batches is not None and total_gpus:
                 per_gpu = batches.min / total_gpus
-                if not local.min <= per_gpu <= local.max:
+                accumulates = self.elastic.accumulate_gradients
+                if not local.min <= per_gpu <= (math.inf if accumulates else local.max):
                     reason = (
                         f"the job starts on {total_gpus} GPU(s) at batch {batches.min} "
                         f"(elastic.batch_size.min), {per_gpu:g} per GPU, outside "
                         f"{local.min}..{local.max}"
                     )
+                    if per_gpu > local.max:
+                        reason += ACCUMULATION_HINT
                     raise invalid(reason, "elastic", "local_batch_size")
         return self
 

@@ -75,6 +75,18 @@ def integer_field(
     return BeforeValidator(check)
 
 
+def boolean_field() -> BeforeValidator:
+    """``true`` or ``false`` as YAML writes them; anything else (``1``, ``"yes"``) is refused
+    rather than guessed."""
+
+    def check(value: object) -> bool:
+        if not isinstance(value, bool):
+            raise invalid(f"must be true or false, got {describe_value(value)}")
+        return value
+
+    return BeforeValidator(check)
+
+
 def positive_number(*, nullable: bool = False) -> BeforeValidator:
     def check(value: object) -> float | None:
         if value is None and nullable:

@@ -89,6 +89,7 @@ def elastic_candidate(
                 if elastic.local_batch_size is None or batch_range is None
                 else (elastic.local_batch_size.min, elastic.local_batch_size.max)
             ),
+            accumulate=elastic.accumulate_gradients,
             model=model,
             grad_stats=grad_stats,
             goodput=goodput,

@@ -23,9 +23,13 @@ from ffdl.elastic.throughput import FloatArray, ThroughputModel
 class GoodputModel(Protocol):
     """Useful samples per second of one job (throughput times statistical efficiency)."""
 
-    def goodput(self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray) -> FloatArray:
+    def goodput(
+        self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray, steps: FloatArray
+    ) -> FloatArray:
         """Element-wise over arrays of one shape: ``gpus`` >= 1, ``1 <= nodes <= gpus``,
-        ``batches`` >= 1 (global). Values must be finite and >= 0."""
+        ``batches`` >= 1 (global), ``steps`` >= 1: the micro-batches each GPU accumulates
+        over per optimizer step (``ffdl.elastic.accumulation``; always 1 for a job that does
+        not accumulate). Values must be finite and >= 0."""
         ...
 
 
@@ -37,13 +41,17 @@ class ParametricGoodput:
     base_batch: int
     grad_stats: GradientStats | None = None
 
-    def goodput(self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray) -> FloatArray:
-        throughput = self.model.throughputs(gpus, batches, nodes)
+    def goodput(
+        self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray, steps: FloatArray
+    ) -> FloatArray:
+        throughput = self.model.throughputs(gpus, batches, nodes, steps)
         result: FloatArray = throughput * efficiencies(batches, self.base_batch, self.grad_stats)
         return result
 
 
-def goodput_at(model: GoodputModel, gpus: float, nodes: float, batch: float) -> float:
+def goodput_at(
+    model: GoodputModel, gpus: float, nodes: float, batch: float, steps: float = 1.0
+) -> float:
     """``model`` at one point."""
     one = np.array([1.0])
-    return float(model.goodput(one * gpus, one * nodes, one * batch)[0])
+    return float(model.goodput(one * gpus, one * nodes, one * batch, one * steps)[0])

@@ -19,7 +19,11 @@ Choose for every job ``j`` a GPU count ``g_j`` and a batch size ``b_j`` maximisi
 * ``U_j(g) = max_b T_j(g, b) * E_j(b) / (T_j(1, b0) * E_j(b0))``: the best useful progress over
   the batch candidates, counting only batches whose share per GPU ``b / g`` lies inside the
   job's ``local_batch_range`` (what fits in a GPU's memory and keeps it busy; at least one
-  sample per GPU when the job gives none). The candidates are a geometric grid of
+  sample per GPU when the job gives none). A job that accumulates gradients
+  (``ElasticJob.accumulate``) may also take a share above the maximum, as ``s`` micro-batches
+  per step, each paying the step's fixed overhead again without an exchange
+  (``ffdl.elastic.accumulation``): on one GPU or a few, a batch too large for their memory is
+  still within reach, at the price the model gives it. The candidates are a geometric grid of
   ``batch_choices`` sizes over ``batch_range`` plus ``b0`` and the current batch
   (``batch_candidates``; only ``b0`` when the job has no range or ``fixed_batch`` asks for the
   paper's baseline), and, for each GPU count ``g``, the largest and the smallest batch of
@@ -89,6 +93,7 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
+from ffdl.elastic.accumulation import accumulation_steps, layout
 from ffdl.elastic.efficiency import GradientStats, efficiencies_for, efficiency, noise_scale
 from ffdl.elastic.goodput import GoodputModel, goodput_at
 from ffdl.elastic.throughput import FloatArray, ThroughputModel, step_times
@@ -117,6 +122,10 @@ class ElasticJob:
     # Per-GPU batch limits (min, max): what fits in a GPU's memory and keeps it busy. A batch
     # ``b`` runs on ``g`` GPUs only with ``min <= b / g <= max``; None: at least 1 per GPU.
     local_batch_range: tuple[int, int] | None = None
+    # The training loop accumulates gradients (``elastic.accumulate_gradients``): a share
+    # above the per-GPU maximum runs as several micro-batches per step instead of being out
+    # of reach (``ffdl.elastic.accumulation``).
+    accumulate: bool = False
     current_gpus: int = 0  # 0: queued, not running
     current_batch: int | None = None  # None while running means base_batch
     waited_s: float = 0.0  # time since the job last made progress (fairness)
@@ -154,6 +163,11 @@ class ElasticJob:
     def effective_current_batch(self) -> int:
         return self.current_batch if self.current_batch is not None else self.base_batch
 
+    def accumulation_steps(self, gpus: int, batch: int) -> int:
+        """Micro-batches per step each of ``gpus`` GPUs runs for ``batch``."""
+        local_max = self.local_batch_range[1] if self.local_batch_range else None
+        return layout(batch, gpus, local_max, accumulate=self.accumulate).steps
+
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
@@ -190,9 +204,10 @@ def useful_progress(
     """Useful samples per second ``T(g, b) * E(b)`` of ``job`` at ``gpus`` and ``batch``."""
     if gpus == 0:
         return 0.0
+    steps = job.accumulation_steps(gpus, batch)
     if job.goodput is not None:
-        return goodput_at(job.goodput, gpus, nodes_for(gpus, gpus_per_node), batch)
-    throughput = job.model.throughput(gpus, batch, nodes_for(gpus, gpus_per_node))
+        return goodput_at(job.goodput, gpus, nodes_for(gpus, gpus_per_node), batch, steps)
+    throughput = job.model.throughput(gpus, batch, nodes_for(gpus, gpus_per_node), steps)
     return throughput * efficiency(batch, job.base_batch, job.grad_stats)
 
 
@@ -221,7 +236,9 @@ def gpu_candidates(
             else job.batch_range
         )
         local_low, local_high = job.local_batch_range
-        low, high = max(low, -(-smallest // local_high)), min(high, largest // local_low)
+        if not job.accumulate:
+            low = max(low, -(-smallest // local_high))
+        high = min(high, largest // local_low)
     step = job.gpus_per_learner
     choices = set(_thinned_multiples(low, high, step, MAX_GPU_CHOICES))
     # A gang on whole nodes packs best and talks least across machines: the geometric
@@ -358,6 +375,7 @@ def _evaluate(
                 job.effective_current_batch,
                 job.local_batch_range[0] if job.local_batch_range else 1,
                 job.local_batch_range[1] if job.local_batch_range else math.inf,
+                1.0 if job.accumulate else 0.0,
             )
             for job in jobs
         ],
@@ -365,34 +383,44 @@ def _evaluate(
     ).T
     (
         alpha, beta, gamma, delta, base, noise, weight, current_gpus, current_batch,
-        local_low, local_high,
+        local_low, local_high, accumulate,
     ) = columns  # fmt: skip
 
-    def progress_of(g: FloatArray, b: FloatArray, params: tuple[FloatArray, ...]) -> FloatArray:
+    def progress_of(
+        g: FloatArray, b: FloatArray, steps: FloatArray, params: tuple[FloatArray, ...]
+    ) -> FloatArray:
         a, be, ga, de, b0, ns = params
         nodes = np.maximum(1.0, np.ceil(g / gpus_per_node))
-        seconds = step_times(a, be, ga, de, g, b, nodes)
+        seconds = step_times(a, be, ga, de, g, b, nodes, steps)
         result: FloatArray = b / seconds * efficiencies_for(b, b0, ns)
         return result
 
     per_job = (alpha, beta, gamma, delta, base, noise)
     grid_params = tuple(p[:, None, None] for p in per_job)
+    grid_limits = (local_high[:, None, None], accumulate[:, None, None])
     g = gpu_grid[:, :, None].astype(np.float64)
     b = _with_filling_batches(
         jobs, gpu_grid, batch_grid, (local_low, local_high), fixed_batch=fixed_batch
     )
-    # Every GPU gets a share of the batch inside its local limits (at least one sample).
+    # Every GPU gets a share of the batch inside its local limits (at least one sample), or
+    # above the maximum in several micro-batches when the job accumulates.
     share = b / np.maximum(g, 1.0)
-    exists = (g > 0) & (share >= local_low[:, None, None]) & (share <= local_high[:, None, None])
+    fits = (share <= grid_limits[0]) | (grid_limits[1] > 0)
+    exists = (g > 0) & (share >= local_low[:, None, None]) & fits
+    steps = accumulation_steps(share, *grid_limits)
     grid = np.where(
-        exists, progress_of(np.maximum(g, 1.0), np.maximum(b, 1.0), grid_params), -np.inf
+        exists, progress_of(np.maximum(g, 1.0), np.maximum(b, 1.0), steps, grid_params), -np.inf
     )
-    reference = progress_of(np.ones_like(base), base, per_job)
-    current = progress_of(np.maximum(current_gpus, 1.0), current_batch, per_job)
+    reference_steps = accumulation_steps(base, local_high, accumulate)
+    reference = progress_of(np.ones_like(base), base, reference_steps, per_job)
+    current_steps = accumulation_steps(
+        current_batch / np.maximum(current_gpus, 1.0), local_high, accumulate
+    )
+    current = progress_of(np.maximum(current_gpus, 1.0), current_batch, current_steps, per_job)
     for j, job in enumerate(jobs):
         if job.goodput is not None:
             grid[j], reference[j], current[j] = _use_own_goodput(
-                job, gpu_grid[j].astype(np.float64), b[j], exists[j], gpus_per_node
+                job, gpu_grid[j].astype(np.float64), b[j], steps[j], exists[j], gpus_per_node
             )
     best_index = np.argmax(grid, axis=2)
     best_progress = np.take_along_axis(grid, best_index[:, :, None], axis=2)[:, :, 0]
@@ -471,6 +499,7 @@ def _use_own_goodput(
     job: ElasticJob,
     gpus: FloatArray,
     batches: FloatArray,
+    steps: FloatArray,
     exists: npt.NDArray[np.bool_],
     gpus_per_node: int,
 ) -> tuple[FloatArray, float, float]:
@@ -480,16 +509,20 @@ def _use_own_goodput(
     g = np.broadcast_to(np.maximum(gpus, 1.0)[:, None], exists.shape)
     b = np.maximum(batches, 1.0)
     nodes = np.maximum(1.0, np.ceil(g / gpus_per_node))
-    row = np.where(exists, job.goodput.goodput(g, nodes, b), -np.inf)
-    reference = goodput_at(job.goodput, 1, 1, job.base_batch)
+    row = np.where(exists, job.goodput.goodput(g, nodes, b, steps), -np.inf)
+    reference = goodput_at(
+        job.goodput, 1, 1, job.base_batch, job.accumulation_steps(1, job.base_batch)
+    )
     if reference <= 0:
         raise ValueError(f"job {job.id}: its goodput on one GPU at its own batch must be > 0")
     current_gpus = max(job.current_gpus, 1)
+    current_batch = job.effective_current_batch
     current = goodput_at(
         job.goodput,
         current_gpus,
         nodes_for(current_gpus, gpus_per_node),
-        job.effective_current_batch,
+        current_batch,
+        job.accumulation_steps(current_gpus, current_batch),
     )
     return row, reference, current
 

@@ -6,6 +6,10 @@ spread over ``nodes`` machines, takes::
     step_time = alpha + beta * (b / g)                                   (compute)
               + (0 if g == 1 else gamma * log2(g) + delta * (nodes - 1))  (gradient sync)
 
+A job that accumulates gradients over ``s`` micro-batches per step
+(``ffdl.elastic.accumulation``) pays the fixed overhead once per micro-batch and the
+exchange once: ``s * alpha + beta * (b / g) + sync``.
+
 ``alpha`` is the fixed per-step overhead (kernel launches, optimizer step, data loader
 hand-off), ``beta`` the compute time per sample of the local batch ``b / g``, ``gamma`` the
 cost of one ring all-reduce round (the number of rounds grows with ``log2(g)``) and ``delta``
@@ -63,24 +67,41 @@ class ThroughputModel:
         """
         return cls(alpha=0.005, beta=0.002, gamma=0.020, delta=0.030)
 
-    def step_time(self, g: int, b: float, nodes: int = 1) -> float:
-        """Seconds per training step with ``g`` GPUs, global batch ``b``, over ``nodes``."""
+    def step_time(self, g: int, b: float, nodes: int = 1, steps: int = 1) -> float:
+        """Seconds per training step with ``g`` GPUs, global batch ``b``, over ``nodes``,
+        each GPU accumulating over ``steps`` micro-batches."""
         _check_shape(g, b, nodes)
-        compute = self.alpha + self.beta * (b / g)
+        if steps < 1:
+            raise ValueError(f"accumulation steps must be >= 1, got {steps}")
+        compute = self.alpha * steps + self.beta * (b / g)
         sync = 0.0 if g == 1 else self.gamma * math.log2(g) + self.delta * (nodes - 1)
         return compute + sync
 
-    def throughput(self, g: int, b: float, nodes: int = 1) -> float:
+    def throughput(self, g: int, b: float, nodes: int = 1, steps: int = 1) -> float:
         """Samples per second with ``g`` GPUs, global batch ``b``, over ``nodes`` machines."""
-        return b / self.step_time(g, b, nodes)
+        return b / self.step_time(g, b, nodes, steps)
 
-    def step_times(self, gpus: FloatArray, batches: FloatArray, nodes: FloatArray) -> FloatArray:
+    def step_times(
+        self,
+        gpus: FloatArray,
+        batches: FloatArray,
+        nodes: FloatArray,
+        steps: FloatArray | float = 1.0,
+    ) -> FloatArray:
         """``step_time`` element-wise over broadcastable arrays (inputs are not checked)."""
-        return step_times(self.alpha, self.beta, self.gamma, self.delta, gpus, batches, nodes)
+        return step_times(
+            self.alpha, self.beta, self.gamma, self.delta, gpus, batches, nodes, steps
+        )
 
-    def throughputs(self, gpus: FloatArray, batches: FloatArray, nodes: FloatArray) -> FloatArray:
+    def throughputs(
+        self,
+        gpus: FloatArray,
+        batches: FloatArray,
+        nodes: FloatArray,
+        steps: FloatArray | float = 1.0,
+    ) -> FloatArray:
         """``throughput`` element-wise over broadcastable arrays (inputs are not checked)."""
-        result: FloatArray = batches / self.step_times(gpus, batches, nodes)
+        result: FloatArray = batches / self.step_times(gpus, batches, nodes, steps)
         return result
 
 
@@ -92,6 +113,7 @@ def step_times(
     gpus: FloatArray,
     batches: FloatArray,
     nodes: FloatArray,
+    steps: FloatArray | float = 1.0,
 ) -> FloatArray:
     """The step-time formula over broadcastable arrays of parameters and shapes.
 
@@ -102,7 +124,7 @@ def step_times(
         gamma * np.log2(np.maximum(gpus, 1.0)) + delta * (nodes - 1.0),
         0.0,
     )
-    result: FloatArray = alpha + beta * (batches / gpus) + sync
+    result: FloatArray = alpha * steps + beta * (batches / gpus) + sync
     return result
 
 
@@ -113,15 +135,19 @@ def prior() -> ThroughputModel:
 
 @dataclass(frozen=True, slots=True)
 class StepObservation:
-    """One measured step: ``step_time_s`` seconds with this many GPUs, batch and nodes."""
+    """One measured step: ``step_time_s`` seconds with this many GPUs, batch and nodes, each
+    GPU accumulating over ``steps`` micro-batches."""
 
     gpus: int
     batch_size: int
     nodes: int
     step_time_s: float
+    steps: int = 1
 
     def __post_init__(self) -> None:
         _check_shape(self.gpus, self.batch_size, self.nodes)
+        if self.steps < 1:
+            raise ValueError(f"accumulation steps must be >= 1, got {self.steps}")
         if not (math.isfinite(self.step_time_s) and self.step_time_s > 0.0):
             raise ValueError(f"step_time_s must be finite and > 0, got {self.step_time_s}")
 
@@ -139,7 +165,7 @@ def fit(
         sum_i ((x_i . theta - y_i) / y_i)^2
           + (prior_strength / n) * sum_k ((theta_k - p_k) / s_k)^2
 
-    where ``x_i`` are the features of observation ``i`` (1, b/g, log2 g, nodes - 1),
+    where ``x_i`` are the features of observation ``i`` (s, b/g, log2 g, nodes - 1),
     ``y_i`` its step time, ``p`` the prior and ``s_k`` the prior's scale of parameter ``k``.
     Errors are relative so fast and slow configurations count alike. The ridge keeps the
     directions the data cannot see (e.g. the sync terms when every step ran on one GPU) at
@@ -211,9 +237,9 @@ def nnls(
 
 def _features(obs: StepObservation) -> tuple[float, float, float, float]:
     if obs.gpus == 1:
-        return (1.0, float(obs.batch_size), 0.0, 0.0)
+        return (float(obs.steps), float(obs.batch_size), 0.0, 0.0)
     return (
-        1.0,
+        float(obs.steps),
         obs.batch_size / obs.gpus,
         math.log2(obs.gpus),
         float(obs.nodes - 1),

@@ -32,7 +32,11 @@ class JobContext:
 
     ``learner_id`` is 1-based (FfDL's convention); ``rank`` is the 0-based torch rank.
     ``gpus`` and ``batch_size`` are set only when the platform (or an elastic rescale)
-    decided them; ``None`` means "use your own default".
+    decided them; ``None`` means "use your own default". For an elastic job with per-GPU
+    batch limits, ``micro_batch_size`` is the most samples one forward/backward pass takes
+    on a GPU and ``accumulation_steps`` how many such passes each GPU runs, summing their
+    gradients, before one optimizer step (1: no accumulation); ``micro_batches`` splits a
+    share accordingly.
     """
 
     training_id: str
@@ -51,11 +55,23 @@ class JobContext:
     local_rank: int
     master_addr: str | None
     master_port: int | None
+    micro_batch_size: int | None = None
+    accumulation_steps: int = 1
 
     @property
     def is_chief(self) -> bool:
         """Learner 1 is the one that writes results other learners would only duplicate."""
         return self.learner_id == 1
+
+    def micro_batches(self, share: int) -> list[int]:
+        """Sizes of the ``accumulation_steps`` micro-batches a GPU's ``share`` of one global
+        batch runs as, largest first, differing by at most one sample (fewer when the share
+        is smaller than the steps)."""
+        if share < 0:
+            raise ValueError(f"share must be >= 0, got {share}")
+        steps = max(1, min(self.accumulation_steps, share))
+        whole, extra = divmod(share, steps)
+        return [whole + 1] * extra + [whole] * (steps - extra)
 
 
 def _env_value(name: str) -> str | None:
@@ -120,4 +136,6 @@ def context() -> JobContext:
         local_rank=0 if local_rank is None else local_rank,
         master_addr=_env_value("MASTER_ADDR"),
         master_port=_env_int("MASTER_PORT", minimum=1),
+        micro_batch_size=_env_int("FFDL_MICRO_BATCH_SIZE", minimum=1),
+        accumulation_steps=_env_int("FFDL_ACCUMULATION_STEPS", minimum=1) or 1,
     )

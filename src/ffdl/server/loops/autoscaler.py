@@ -30,6 +30,7 @@ from sqlalchemy import func, select
 from ffdl.core.manifest import Manifest
 from ffdl.core.resources import Placement
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
+from ffdl.elastic.accumulation import layout
 from ffdl.elastic.autoscale import Candidate, autoscale
 from ffdl.elastic.candidates import JobState, elastic_candidate
 from ffdl.elastic.efficiency import GradientStats
@@ -201,9 +202,16 @@ class AutoscalerLoop:
             )
             .order_by(Metric.number)
         ).all()
+        elastic = Manifest.from_dict(job.manifest).elastic
         batch = job.batch_size
+        if batch is None and elastic is not None and elastic.batch_size is not None:
+            batch = elastic.batch_size.min  # what the learners were started with
         gpus = job.gpus * job.learners
         nodes = len(Placement.from_json(job.placement or []).nodes) or 1
+        steps = 1
+        if batch is not None and gpus > 0 and elastic is not None and elastic.local_batch_size:
+            local_max = elastic.local_batch_size.max
+            steps = layout(batch, gpus, local_max, accumulate=elastic.accumulate_gradients).steps
         added = False
         for row in rows:
             learned.last_metric_number = row.number
@@ -218,7 +226,9 @@ class AutoscalerLoop:
             elapsed, done = point[0] - previous[0], point[1] - previous[1]
             if elapsed > 0 and done > 0:
                 step_time = elapsed * batch / done
-                learned.observations.append(StepObservation(gpus, batch, nodes, step_time))
+                learned.observations.append(
+                    StepObservation(gpus, batch, nodes, step_time, steps=steps)
+                )
                 added = True
         if added:
             learned.observations = learned.observations[-_MAX_OBSERVATIONS:]

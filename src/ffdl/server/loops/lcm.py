@@ -45,6 +45,7 @@ from ffdl.server.loops.scheduler import PREEMPTED, free_port
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job, aggregate_job_failure
 from ffdl.server.services.learner_env import (
+    batch_variables,
     ffdl_variables,
     job_runtime,
     pip_settings,
@@ -337,8 +338,7 @@ def build_spec(
                 "LOCAL_RANK": str(sorted(same_node).index(learner)),
             }
         )
-    if batch_size is not None:
-        env["FFDL_BATCH_SIZE"] = str(batch_size)
+    env.update(batch_variables(manifest, manifest.gpus * num_learners, batch_size))
     data: list[DataMount] = []
     volume: str | None = None
     store = manifest.data_store()

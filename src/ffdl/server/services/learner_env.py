@@ -5,7 +5,8 @@ does ``int(float(os.environ["GPU_COUNT"]))``), ``LEARNER_NAME_PREFIX`` (learner 
 ``<prefix>-<N-1>``, also reachable as ``<prefix>-<N-1>.<prefix>``), ``TRAINING_COMMAND``
 (the command on one line), ``RESULT_BUCKET_DIR`` (``$RESULT_BUCKET_DIR/$TRAINING_ID`` is the
 results), ``LOG_DIR`` (``$JOB_STATE_DIR/logs``; TensorBoard files go to ``$LOG_DIR/tb``) and
-``DOWNWARD_API_POD_NAME``/``_NAMESPACE``. This module owns those values, the learner host
+``DOWNWARD_API_POD_NAME``/``_NAMESPACE``. This module owns those values, ffdl's batch
+variables for elastic jobs (global batch, micro-batch, accumulation steps), the learner host
 names and addresses in the sandbox, and turning the job's resolved runtime into the learner
 spec's ``RuntimeSpec``, its PATH, its pip settings, the paths its sandbox binds and the
 programs it places there. Nothing of the control plane (tokens, the API's address, the
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 
 from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import Manifest
+from ffdl.elastic.accumulation import layout
 from ffdl.learner.runtime import PLATFORM, PYTHON, RuntimeSpec
 from ffdl.learner.sandbox import NETWORK_HOST, SYSTEM_PATHS, SandboxSpec
 from ffdl.server.platform import Platform
@@ -84,6 +86,32 @@ def ffdl_variables(
         "DOWNWARD_API_POD_NAME": learner_host_name(job_id, learner),
         "DOWNWARD_API_POD_NAMESPACE": POD_NAMESPACE,
     }
+
+
+def batch_variables(manifest: Manifest, gpus: int, batch_size: int | None) -> dict[str, str]:
+    """The global batch a learner runs (``FFDL_BATCH_SIZE``) and, for an elastic job with
+    per-GPU limits, how each GPU runs its share: ``FFDL_MICRO_BATCH_SIZE`` samples per
+    forward/backward, ``FFDL_ACCUMULATION_STEPS`` of them per optimizer step.
+
+    An elastic job with a batch range starts at its minimum, the batch the optimizer values
+    it against, until the autoscaler chooses another.
+    """
+    elastic = manifest.elastic
+    if batch_size is None and elastic is not None and elastic.batch_size is not None:
+        batch_size = elastic.batch_size.min
+    if batch_size is None:
+        return {}
+    variables = {"FFDL_BATCH_SIZE": str(batch_size)}
+    if elastic is not None and elastic.local_batch_size is not None and gpus > 0:
+        planned = layout(
+            batch_size,
+            gpus,
+            elastic.local_batch_size.max,
+            accumulate=elastic.accumulate_gradients,
+        )
+        variables["FFDL_MICRO_BATCH_SIZE"] = str(planned.micro_batch)
+        variables["FFDL_ACCUMULATION_STEPS"] = str(planned.steps)
+    return variables
 
 
 def place_learner(

@@ -147,7 +147,10 @@ class TrueGoodput:
     family: Family
     progress: float
 
-    def goodput(self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray) -> FloatArray:
+    def goodput(
+        self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray, steps: FloatArray
+    ) -> FloatArray:
+        # The comparison engine's jobs never accumulate: ``steps`` is always 1.
         return self.family.goodputs(gpus, nodes, batches, self.progress)
 
 

@@ -256,6 +256,10 @@ class RunResult:
     def p99_jct(self) -> float:
         return float(np.percentile(list(self.jcts.values()), 99))
 
+    @property
+    def p99_wait(self) -> float:
+        return float(np.percentile(list(self.waits.values()), 99))
+
 
 class Cluster:
     """``nodes`` × ``gpus_per_node`` GPUs running one workload under one policy."""

@@ -8,8 +8,10 @@ platform's default settings (restart penalty, fairness after 600 s, a job restar
 than ``min_rescale_interval_s`` ago held at its size). Its decisions are applied as the
 platform applies them: a job whose GPUs change restarts on GPUs packed best-fit onto the
 nodes (whole free nodes first for a job larger than one), and a job whose batch alone
-changes restarts where it is. The platform does not accumulate gradients: a job's batch is
-split over its GPUs, each within the per-GPU limit.
+changes restarts where it is. Every elastic version accumulates gradients
+(``elastic.accumulate_gradients``), as AdaptDL's jobs do: a GPU's share above the profiled
+per-GPU maximum runs as several micro-batches per step; ``accumulate=False`` measures the
+policy without it.
 
 Speeds: the optimizer values a job through ``GoodputModel`` with the job's fitted Pollux
 model (the estimate Pollux itself plans with), so that what is compared is how each policy
@@ -41,18 +43,21 @@ def _default(name: str) -> float:
 @dataclass(frozen=True)
 class PolluxGoodput:
     """A fitted Pollux model behind ffdl's ``GoodputModel``: the batch split evenly over
-    the GPUs, no accumulation."""
+    the GPUs, each running ``steps`` micro-batches (Pollux counts the steps before the last
+    one)."""
 
     model: GoodputFunction
 
-    def goodput(self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray) -> FloatArray:
-        micro = np.ceil(batches / gpus - EPS).astype(np.int64)
-        steps = np.zeros_like(micro)
-        value = self.model.evaluate(nodes.astype(np.int64), gpus.astype(np.int64), micro, steps)
+    def goodput(
+        self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray, steps: FloatArray
+    ) -> FloatArray:
+        micro = np.ceil(batches / gpus / steps - EPS).astype(np.int64)
+        extra = steps.astype(np.int64) - 1
+        value = self.model.evaluate(nodes.astype(np.int64), gpus.astype(np.int64), micro, extra)
         return np.asarray(np.nan_to_num(np.maximum(value, 0.0)), dtype=np.float64)
 
 
-def elastic_spec(app: Application) -> ElasticSpec:
+def elastic_spec(app: Application, *, accumulate: bool = True) -> ElasticSpec:
     """The ``elastic`` section an elastic version of ``app`` would be submitted with."""
     if app.name in ONE_GPU:
         batch = FIXED_BATCH[app.name]
@@ -61,6 +66,7 @@ def elastic_spec(app: Application) -> ElasticSpec:
         gpus=IntRange(min=1, max=MAX_REPLICAS),
         batch_size=IntRange(min=app.init_batch_size, max=app.max_batch_size),
         local_batch_size=IntRange(min=app.min_local_bsz, max=app.max_local_bsz),
+        accumulate_gradients=accumulate,
     )
 
 
@@ -98,6 +104,7 @@ class FfdlElastic:
     restart_penalty: float = _default("restart_penalty")
     fairness_after_s: float = _default("fairness_after_s")
     min_rescale_interval_s: float = _default("min_rescale_interval_s")
+    accumulate: bool = True
 
     def optimize(
         self,
@@ -114,7 +121,7 @@ class FfdlElastic:
                 JobState(
                     id=key,
                     priority=0,
-                    elastic=elastic_spec(job.application),
+                    elastic=elastic_spec(job.application, accumulate=self.accumulate),
                     gpus_per_learner=1,
                     current_gpus=len(current.get(key, [])),
                     current_batch=job.target_batch,

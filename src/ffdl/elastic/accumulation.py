@@ -1,0 +1,54 @@
+"""How a global batch is laid out on a job's GPUs: each GPU's micro-batch and the number of
+micro-batches it accumulates gradients over before one exchange and one optimizer step.
+
+A job whose manifest allows it (``elastic.accumulate_gradients``) may run a batch larger
+than its GPUs hold at once: a GPU whose share ``ceil(b / g)`` exceeds the per-GPU maximum
+``m`` runs ``s = ceil(share / m)`` forward/backward passes of ``ceil(share / s)`` samples,
+summing their gradients, and exchanges them once. Without accumulation (or without a per-GPU
+maximum) ``s`` is 1 and the micro-batch is the whole share. The optimizer values layouts
+with ``accumulation_steps``; the lifecycle manager tells learners theirs with ``layout``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ffdl.elastic.throughput import FloatArray
+
+# Shares that land a hair above a multiple of the maximum through float division still
+# take the smaller number of steps.
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLayout:
+    """``batch`` samples per optimizer step on ``gpus`` GPUs, each running ``steps``
+    micro-batches of at most ``micro_batch`` samples."""
+
+    batch: int
+    gpus: int
+    micro_batch: int
+    steps: int
+
+
+def layout(batch: int, gpus: int, local_max: int | None, *, accumulate: bool) -> BatchLayout:
+    """The layout of ``batch`` on ``gpus`` GPUs holding at most ``local_max`` samples each."""
+    if batch < 1 or gpus < 1:
+        raise ValueError(f"need batch >= 1 and gpus >= 1, got batch {batch} on {gpus} GPU(s)")
+    share = -(-batch // gpus)
+    steps = -(-share // local_max) if accumulate and local_max else 1
+    return BatchLayout(batch=batch, gpus=gpus, micro_batch=-(-share // steps), steps=steps)
+
+
+def accumulation_steps(
+    shares: FloatArray, local_max: FloatArray, accumulate: FloatArray
+) -> FloatArray:
+    """``layout``'s steps element-wise: ``shares`` per GPU (``b / g``), the per-GPU maxima
+    (``inf`` for none) and 1.0 where the job accumulates, 0.0 where it does not."""
+    needed = np.ceil(shares / local_max - _EPS)
+    result: FloatArray = np.where(
+        (accumulate > 0) & np.isfinite(needed), np.maximum(needed, 1.0), 1.0
+    )
+    return result

@@ -1,0 +1,60 @@
+"""The batch variables a learner is started with: the global batch, and for an elastic job
+with per-GPU limits the micro-batch and accumulation steps each GPU runs it as."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from ffdl.core.manifest import Manifest, parse_manifest
+from ffdl.server.services.learner_env import batch_variables
+
+
+def manifest(**elastic: Any) -> Manifest:
+    document = {
+        "name": "batches",
+        "learners": 2,
+        "gpus": 1,
+        "memory": "1GiB",
+        "framework": {"name": "custom", "version": "1", "command": "true"},
+    }
+    if elastic:
+        document["elastic"] = elastic
+    return parse_manifest(yaml.safe_dump(document))
+
+
+LIMITED = {
+    "gpus": {"min": 1, "max": 4},
+    "batch_size": {"min": 64, "max": 256},
+    "local_batch_size": {"min": 1, "max": 8},
+    "accumulate_gradients": True,
+}
+
+
+def test_an_accumulating_job_learns_its_micro_batches_and_steps() -> None:
+    assert batch_variables(manifest(**LIMITED), 2, 64) == {
+        "FFDL_BATCH_SIZE": "64",
+        "FFDL_MICRO_BATCH_SIZE": "8",
+        "FFDL_ACCUMULATION_STEPS": "4",
+    }
+    assert batch_variables(manifest(**LIMITED), 4, 256)["FFDL_ACCUMULATION_STEPS"] == "8"
+
+
+def test_an_elastic_job_starts_at_the_bottom_of_its_batch_range() -> None:
+    assert batch_variables(manifest(**LIMITED), 2, None)["FFDL_BATCH_SIZE"] == "64"
+
+
+def test_a_job_that_fits_runs_one_micro_batch_per_step() -> None:
+    fitting = {**LIMITED, "local_batch_size": {"min": 1, "max": 64}}
+    variables = batch_variables(manifest(**fitting), 2, 64)
+    assert (variables["FFDL_MICRO_BATCH_SIZE"], variables["FFDL_ACCUMULATION_STEPS"]) == (
+        "32",
+        "1",
+    )
+
+
+def test_without_limits_or_a_batch_only_what_is_known_is_set() -> None:
+    ranged = {"gpus": {"min": 1, "max": 4}, "batch_size": {"min": 64, "max": 256}}
+    assert batch_variables(manifest(**ranged), 2, 128) == {"FFDL_BATCH_SIZE": "128"}
+    assert batch_variables(manifest(), 2, None) == {}
