@@ -49,6 +49,7 @@ def test_the_manifests_ranges_reach_the_optimizer_clamped_to_the_cluster() -> No
     assert made.job.batch_range == (8, 512) and made.job.base_batch == 8
     assert made.job.local_batch_range == (4, 8)
     assert made.job.waited_s == 30.0 and made.job.current_batch is None
+    assert made.job.running_s == 0.0
     assert not made.hold
 
 
@@ -61,6 +62,7 @@ def test_a_job_restarted_within_the_interval_is_held_unless_pinned_elsewhere() -
     running = state(current_gpus=4, current_batch=32, since_change_s=60.0)
     assert candidate(running).hold
     assert candidate(running).job.current_batch == 32 and candidate(running).job.waited_s == 0
+    assert candidate(running).job.running_s == 60.0, "its turn so far, for the bounded wait"
     assert not candidate(running, hold_s=30.0).hold
     assert not candidate(state(current_gpus=4, since_change_s=60.0, pinned_gpus=8)).hold
     assert candidate(state(current_gpus=4, since_change_s=60.0, pinned_gpus=4)).hold

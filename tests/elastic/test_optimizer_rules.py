@@ -156,6 +156,47 @@ def test_a_starved_job_that_cannot_fit_waits_without_harm() -> None:
     assert allocation_of(plan, "training-run")[0] == 4
 
 
+def test_a_starved_job_takes_the_gpus_of_one_that_has_had_its_turn() -> None:
+    def jobs(ran_s: float, running_priority: int = 50) -> list[ElasticJob]:
+        return [
+            make_job(
+                "training-run",
+                priority=running_priority,
+                gpu_range=(8, 8),
+                current_gpus=8,
+                running_s=ran_s,
+            ),
+            make_job("training-wait", gpu_range=(8, 8), waited_s=FAIRNESS_AFTER_S + 1),
+        ]
+
+    turned = optimize(jobs(FAIRNESS_AFTER_S), 8)
+    assert allocation_of(turned, "training-run")[0] == 0
+    assert allocation_of(turned, "training-wait")[0] == 8
+    assert turned.yielded == ("training-run",)
+    # Not before the running job has had a turn as long, nor for a lower priority.
+    for kept in (optimize(jobs(FAIRNESS_AFTER_S - 1), 8), optimize(jobs(1e6, 60), 8)):
+        assert allocation_of(kept, "training-run")[0] == 8
+        assert allocation_of(kept, "training-wait")[0] == 0
+
+
+def test_one_job_is_stopped_per_starved_job_and_only_when_shrinking_is_not_enough() -> None:
+    ran = FAIRNESS_AFTER_S + 1
+    starved = make_job("training-wait", gpu_range=(1, 8), waited_s=ran)
+    one_each = [
+        make_job("training-a", gpu_range=(1, 1), current_gpus=1, running_s=ran),
+        make_job("training-b", gpu_range=(1, 1), current_gpus=1, running_s=ran),
+        make_job("training-c", gpu_range=(1, 1), current_gpus=1, running_s=ran),
+    ]
+    plan = optimize([*one_each, starved], 3)
+    assert [a.gpus for a in plan.allocations].count(0) == 1
+    assert allocation_of(plan, "training-wait")[0] == 1
+
+    shrinkable = make_job("training-a", gpu_range=(2, 8), current_gpus=8, running_s=ran)
+    plan = optimize([shrinkable, starved], 8)
+    assert allocation_of(plan, "training-a")[0] >= 2
+    assert allocation_of(plan, "training-wait")[0] >= 1
+
+
 def test_running_jobs_are_shrunk_to_their_minimum_but_never_to_zero() -> None:
     linear = ThroughputModel(alpha=0.0, beta=0.002, gamma=0.0, delta=0.0)
     jobs = [
@@ -177,6 +218,7 @@ def test_when_running_minimums_exceed_the_cluster_as_many_as_possible_keep_runni
     assert sum(a.gpus for a in plan.allocations) <= 5
     assert [a.gpus > 0 for a in plan.allocations] == [False, True, True]
     assert "training-a" in plan.changed
+    assert plan.yielded == (), "a stop the cluster forces is not one for a waiting job"
 
 
 def test_jobs_that_cannot_run_on_this_cluster_get_nothing() -> None:

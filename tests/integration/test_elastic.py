@@ -212,3 +212,34 @@ def test_the_autoscaler_keeps_each_gpus_share_inside_the_manifests_local_limits(
         assert refused.status_code == 400, refused.text
         assert "choose 1..2" in refused.json()["description"]
         server.client.delete(f"/v1/models/{pinned}")
+
+
+def test_a_job_left_waiting_too_long_takes_turns_with_a_running_one(tmp_path: Path) -> None:
+    # Two elastic jobs that each need the node's two GPUs: without a bound on waiting, the
+    # second would wait until the first ended.
+    config = {
+        **elastic_config(3600),
+        "nodes": [{"name": "node-a", "gpus": 2, "cpus": 8, "memory": "16GiB", "gpu_type": "cpu"}],
+        "fairness_after_s": 4,
+    }
+    both_gpus = {"gpus": {"min": 2, "max": 2}, "batch_size": {"min": 64, "max": 64}}
+    steps = {"steps.py": ELASTIC_STEPS.replace("TOTAL", "200")}
+    with serving(LiveServer(home=tmp_path / "home", config=config)) as server:
+        first = server.submit_ok(
+            manifest_yaml("python steps.py", learners=2, elastic=both_gpus), steps
+        )
+        _wait_learners(server, first, 2)
+        second = server.submit_ok(
+            manifest_yaml("python steps.py", learners=2, elastic=both_gpus), steps
+        )
+        server.wait_status(second, {"PROCESSING"}, timeout=60)
+        assert server.status(first) not in {"COMPLETED", "PROCESSING"}, "the first yielded"
+        stops = [e for e in server.model(first)["events"] if e["to"] == "HALTING"]
+        assert stops and "waited too long" in stops[0]["reason"], stops
+
+        for job_id in (first, second):
+            server.wait_status(job_id, {"COMPLETED"}, timeout=180)
+        # The first resumed from its checkpoint instead of starting over.
+        resumed = [start for _, _, start in _starts(server, first)]
+        assert resumed[0] == 0 and max(resumed) > 0, resumed
+        assert _reported_steps(server, first) == 200

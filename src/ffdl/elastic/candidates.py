@@ -96,6 +96,7 @@ def elastic_candidate(
             current_gpus=gpus,
             current_batch=(state.current_batch or base_batch) if gpus else None,
             waited_s=0.0 if gpus else max(state.since_change_s, 0.0),
+            running_s=max(state.since_change_s, 0.0) if gpus else 0.0,
         ),
         pinned_gpus=pinned,
         hold=hold,

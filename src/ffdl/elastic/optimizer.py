@@ -54,11 +54,19 @@ Fairness is lexicographic on top of the objective, in this order:
 
 1. A running job keeps at least its minimum: dropping it to 0 costs more than any other gain,
    so it happens only when the running jobs' minimums alone exceed the cluster (as many as
-   possible are kept; preemption proper is the scheduler's job).
-2. A queued job that has waited more than ``fairness_after_s`` is admitted (at its minimum if
-   need be, shrinking other jobs toward theirs) whenever it can fit: admission earns a bonus
-   larger than any possible difference in the objective. Its GPUs beyond the minimum are
-   worth only their normal weight, so a starved job does not hog the cluster once admitted.
+   possible are kept; preemption proper is the scheduler's job) -- or for rule 2.
+2. A queued job that has waited more than ``fairness_after_s`` (it is *starved*) is admitted
+   (at its minimum if need be, shrinking other jobs toward theirs) whenever it can fit:
+   admission earns a bonus ``A`` larger than any possible difference in the objective. Its
+   GPUs beyond the minimum are worth only their normal weight, so a starved job does not
+   hog the cluster once admitted. When shrinking is not enough, a running job that has held
+   its allocation for ``fairness_after_s`` too, at a priority no higher than a starved
+   job's, is stopped (checkpointed and queued) for it: stopping such a job costs less than
+   an admission but more than any objective difference, so one is stopped for each starved
+   job admitted and never more, and only when shrinking others to their minimums leaves no
+   room. Waiting is thereby bounded: at the worst, jobs
+   take turns of ``fairness_after_s`` on the GPUs (as time-sharing schedulers do), instead
+   of a job waiting until a long job ends while every running job sits at its minimum.
 
 ``Plan.objective`` reports the objective above, without the fairness bonuses.
 
@@ -78,9 +86,10 @@ is computed with one shifted numpy ``add`` and ``maximum`` per option: ``O(J * C
 of a table of choices, because recognising the winning option while walking back is cheaper
 than tracking it in every cell. The walk back from ``best[J][C]`` prefers, at each job, its
 current allocation among the options that reach the optimum (stability on ties).
-The fairness rules become bonuses in ``v``: +A for admitting a starved job, -D for dropping a
-running one, with A larger than the spread of the whole objective and D larger than every
-admission together, which is exactly the lexicographic order above.
+The fairness rules become bonuses in ``v``: +A for admitting a starved job, -(A - 2S) for
+stopping a preemptible one and -D for dropping any other running one, with ``S`` the spread
+of the whole objective, A = (2n + 4) S for n starved jobs and D larger than every admission
+together, which is exactly the lexicographic order above.
 """
 
 from __future__ import annotations
@@ -129,6 +138,7 @@ class ElasticJob:
     current_gpus: int = 0  # 0: queued, not running
     current_batch: int | None = None  # None while running means base_batch
     waited_s: float = 0.0  # time since the job last made progress (fairness)
+    running_s: float = 0.0  # time since a running job last started or was resized (fairness)
     # Work left, when known: not part of the objective; plan.diff uses it to show ETAs.
     remaining_samples: float | None = None
 
@@ -181,11 +191,14 @@ class Allocation:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Allocations in the order of the input jobs; ``changed``: running jobs rescaled."""
+    """Allocations in the order of the input jobs; ``changed``: running jobs rescaled;
+    ``yielded``: running jobs stopped so that jobs that waited too long can start (fairness
+    rule 2), as opposed to stops forced by the cluster's size."""
 
     allocations: tuple[Allocation, ...]
     objective: float
     changed: tuple[str, ...]
+    yielded: tuple[str, ...] = ()
 
 
 def priority_weight(priority: int) -> float:
@@ -321,7 +334,7 @@ def optimize(
         fixed_batch=fixed_batch,
         gpus_per_node=gpus_per_node,
     )
-    _add_fairness_terms(jobs, options, fairness_after_s)
+    preemptible = _add_fairness_terms(jobs, options, fairness_after_s)
     unit = math.gcd(*(job.gpus_per_learner for job in jobs))
     chosen = _solve(options, total_gpus // unit, unit)
 
@@ -336,7 +349,15 @@ def optimize(
         if job.running and (g != job.current_gpus or (g and batch != job.effective_current_batch)):
             changed.append(job.id)
     objective = float(options.utility[rows, chosen].sum())
-    return Plan(allocations=tuple(allocations), objective=objective, changed=tuple(changed))
+    yielded = tuple(
+        job.id for job, g, may in zip(jobs, gpus, preemptible, strict=True) if may and g == 0
+    )
+    return Plan(
+        allocations=tuple(allocations),
+        objective=objective,
+        changed=tuple(changed),
+        yielded=yielded,
+    )
 
 
 def _evaluate(
@@ -529,17 +550,38 @@ def _use_own_goodput(
 
 def _add_fairness_terms(
     jobs: Sequence[ElasticJob], options: _Options, fairness_after_s: float
-) -> None:
-    """Turn the fairness rules into bonuses that dominate every objective difference."""
+) -> list[bool]:
+    """Turn the fairness rules into bonuses that dominate every objective difference; the
+    running jobs that may be stopped for a starved one."""
     utility = options.utility
     finite = np.where(np.isfinite(utility), utility, 0.0)
     spread = 1.0 + float((utility.max(axis=1) - finite.min(axis=1)).sum())
     running = np.array([job.running for job in jobs])
     starved = np.array([not job.running and job.waited_s > fairness_after_s for job in jobs])
-    admit_bonus = 2.0 * spread
-    drop_cost = admit_bonus * (int(starved.sum()) + 2)
+    highest_starved = max(
+        (job.priority for job in jobs if not job.running and job.waited_s > fairness_after_s),
+        default=None,
+    )
+    preemptible = np.array(
+        [
+            job.running
+            and highest_starved is not None
+            and job.priority <= highest_starved
+            and job.running_s >= fairness_after_s
+            for job in jobs
+        ]
+    )
+    # With S the spread and n starved jobs: an admission earns A = (2n + 4) S; stopping a
+    # preemptible job costs A - 2S, so admitting m starved jobs pays for m stops and never
+    # m + 1 (m A - (m + 1)(A - 2S) < -S for every m <= n), whatever the objective says;
+    # stopping any other running job costs more than every admission together.
+    count = int(starved.sum())
+    admit_bonus = (2.0 * count + 4.0) * spread
+    drop_cost = admit_bonus * (count + 2)
     options.value[starved, 1:] += admit_bonus
-    options.value[running, 0] -= drop_cost
+    options.value[running & ~preemptible, 0] -= drop_cost
+    options.value[preemptible, 0] -= admit_bonus - 2.0 * spread
+    return [bool(may) for may in preemptible]
 
 
 def _solve(options: _Options, capacity: int, unit: int) -> list[int]:

@@ -30,6 +30,8 @@ class RescaleDecision:
     to_batch: int | None
     reason: str
     expected_gain: float
+    # A stop that gives the job's GPUs to jobs that waited too long (``Plan.yielded``).
+    yielded: bool = False
 
 
 def diff(
@@ -62,7 +64,13 @@ def diff(
         )
         after = allocation.progress if allocation.gpus > 0 else 0.0
         kind = _kind(job.current_gpus, allocation.gpus)
+        yielded = job.id in plan.yielded
         reason = _reason(kind, job, from_batch, allocation.gpus, to_batch, before, after)
+        if yielded:
+            reason = (
+                f"stop {job.current_gpus}→0 GPUs and queue again from the checkpoint: a job "
+                "that waited too long needs them"
+            )
         decision = RescaleDecision(
             job_id=job.id,
             from_gpus=job.current_gpus,
@@ -71,6 +79,7 @@ def diff(
             to_batch=to_batch,
             reason=reason,
             expected_gain=after - before,
+            yielded=yielded,
         )
         ranked.append((_KIND_ORDER[kind], position, decision))
     ranked.sort(key=lambda item: (item[0], item[1]))

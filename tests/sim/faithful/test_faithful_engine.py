@@ -155,3 +155,15 @@ def test_ffdls_policy_runs_the_live_candidates_and_holds_restarted_jobs(accumula
     assert rescales, "running jobs were resized"
     # bert holds 12 samples per GPU: its larger batches on few GPUs are reached by accumulating.
     assert bool(accumulated) == accumulate, accumulated
+
+
+def test_jobs_beyond_the_clusters_gpus_take_turns_instead_of_waiting_for_an_end() -> None:
+    # Eight long jobs on four GPUs: half of them wait, but no longer than about two turns.
+    jobs = [WorkloadJob(f"cifar10-{i}", 0, "cifar10", 1, 0) for i in range(8)]
+    policy = FfdlElastic()
+    result = Cluster(jobs, applications(), policy, nodes=1).run()
+    assert sorted(result.waits.values())[4:] != [60] * 4, "half of them had to wait"
+    assert max(result.waits.values()) <= 2 * policy.fairness_after_s, result.waits
+    # Without the turns, they would wait for the first jobs to end.
+    shortest = min(result.jcts.values())
+    assert max(result.waits.values()) < shortest, (result.waits, shortest)

@@ -7,7 +7,9 @@ function the simulator calls) the GPUs elastic jobs may share: the schedulable G
 those held by non-elastic jobs and by elastic jobs already in transition, minus the GPUs a
 blocked higher-priority job is waiting for (so elastic jobs shrink to admit it). Decisions
 for running jobs become rescales (PROCESSING → RESCALING, with the reason and expected
-gain in the event); for queued elastic jobs, the size the scheduler will place them at.
+gain in the event); for queued elastic jobs, the size the scheduler will place them at; a
+running job stopped so that a job waiting longer than ``fairness_after_s`` can start is
+halted, requeued and held back for one such turn (``not_before``).
 A job just submitted is left to the scheduler for ``QUEUED_GRACE_INTERVALS`` scheduler
 intervals: one that fits starts at its manifest's size, whichever loop happens to run first,
 and is grown later by a rescale; one still queued after that is sized here.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -113,7 +116,7 @@ class AutoscalerLoop:
         for job in jobs:
             gpus = job.gpus * job.learners
             if job.status == JobStatus.QUEUED.value:
-                if now - epoch(job.status_changed_at) < fresh_s:
+                if now - epoch(job.status_changed_at) < fresh_s or _held_back(job, now):
                     continue
                 candidates.append(
                     self._candidate(job, 0, now, epochs.get(job.id), gradients.get(job.id), cluster)
@@ -284,7 +287,22 @@ class AutoscalerLoop:
                         job.batch_size = decision.to_batch or job.batch_size
                         changed = True
                     continue
-                if job.status != JobStatus.PROCESSING.value or decision.to_gpus <= 0:
+                if job.status != JobStatus.PROCESSING.value:
+                    continue
+                if decision.to_gpus <= 0:
+                    if not decision.yielded:
+                        # Making room for higher-priority work is the scheduler's call:
+                        # the optimizer shrinks elastic jobs for it, never stops them.
+                        continue
+                    # Stopped for a job that waited too long (the optimizer's bounded wait):
+                    # halted with a checkpoint and queued again, as the scheduler preempts,
+                    # and held back for a turn so that the scheduler gives its GPUs to the
+                    # job that waited rather than back to it.
+                    job.desired = PREEMPTED
+                    turn = timedelta(seconds=self._platform.settings.fairness_after_s)
+                    job.not_before = datetime.now(UTC).replace(tzinfo=None) + turn
+                    set_job_status(session, job, JobStatus.HALTING, decision.reason)
+                    changed = True
                     continue
                 gain = f" (expected gain {decision.expected_gain:+.1f} samples/s)"
                 job.rescale_target = {
@@ -297,6 +315,11 @@ class AutoscalerLoop:
                 changed = True
         if changed:
             self._platform.wakeups.notify("lcm", "scheduler")
+
+
+def _held_back(job: Job, now: float) -> bool:
+    """A queued job the scheduler will not place yet (a restart's back-off, a turn given up)."""
+    return job.not_before is not None and epoch(job.not_before) > now
 
 
 def gradient_stats(session: Any, job_ids: list[str]) -> dict[str, GradientStats]:
