@@ -19,17 +19,19 @@ from ffdl.elastic.throughput import FloatArray, StepObservation, ThroughputModel
 MODEL = ThroughputModel(0.01, 0.002, 0.001, 0.001)
 
 
-def job(*, accumulate: bool, batches: tuple[int, int] | None = None, base: int = 256) -> ElasticJob:
-    return ElasticJob(
-        id="a",
-        priority=50,
-        gpu_range=(1, 64),
-        batch_range=batches,
-        base_batch=base,
-        local_batch_range=(16, 64),
-        accumulate=accumulate,
-        model=MODEL,
-    )
+def job(**overrides: object) -> ElasticJob:
+    """A job of batch 256 holding at most 64 samples per GPU, on 1..64 GPUs."""
+    fields: dict[str, object] = {
+        "id": "a",
+        "priority": 50,
+        "gpu_range": (1, 64),
+        "batch_range": None,
+        "base_batch": 256,
+        "local_batch_range": (16, 64),
+        "model": MODEL,
+    }
+    fields.update(overrides)
+    return ElasticJob(**fields)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -97,9 +99,7 @@ def test_an_expensive_exchange_is_amortised_over_accumulated_micro_batches() -> 
     slow_network = ThroughputModel(1e-4, 0.002, 0.5, 0.0)
 
     def four_gpus(accumulate: bool) -> ElasticJob:
-        return ElasticJob(
-            id="a",
-            priority=50,
+        return job(
             gpu_range=(4, 4),
             batch_range=(64, 1024),
             base_batch=64,
@@ -129,16 +129,8 @@ class RecordingGoodput:
 
 def test_a_goodput_model_of_its_own_is_told_the_steps() -> None:
     curve = RecordingGoodput()
-    own = ElasticJob(
-        id="a",
-        priority=50,
-        gpu_range=(1, 4),
-        batch_range=(64, 256),
-        base_batch=64,
-        local_batch_range=(16, 64),
-        accumulate=True,
-        model=MODEL,
-        goodput=curve,
+    own = job(
+        gpu_range=(1, 4), batch_range=(64, 256), base_batch=64, accumulate=True, goodput=curve
     )
     optimize([own], 4)
     assert curve.seen
@@ -157,15 +149,11 @@ def test_a_goodput_model_of_its_own_is_told_the_steps() -> None:
 def test_every_allocation_runs_micro_batches_inside_the_per_gpu_maximum(
     base: int, grow: int, total: int, local_max: int
 ) -> None:
-    accumulating = ElasticJob(
-        id="a",
-        priority=50,
-        gpu_range=(1, 64),
+    accumulating = job(
         batch_range=(base, base * grow),
         base_batch=base,
         local_batch_range=(1, local_max),
         accumulate=True,
-        model=MODEL,
     )
     allocation = optimize([accumulating], total).allocations[0]
     assert allocation.gpus >= 1, "with accumulation one GPU runs any batch"

@@ -64,9 +64,9 @@ Fairness is lexicographic on top of the objective, in this order:
    job's, is stopped (checkpointed and queued) for it: stopping such a job costs less than
    an admission but more than any objective difference, so one is stopped for each starved
    job admitted and never more, and only when shrinking others to their minimums leaves no
-   room. Waiting is thereby bounded: at the worst, jobs
-   take turns of ``fairness_after_s`` on the GPUs (as time-sharing schedulers do), instead
-   of a job waiting until a long job ends while every running job sits at its minimum.
+   room. Waiting is thereby bounded: at the worst, jobs take turns of ``fairness_after_s``
+   on the GPUs (as time-sharing schedulers do), instead of a job waiting until a long job
+   ends while every running job sits at its minimum.
 
 ``Plan.objective`` reports the objective above, without the fairness bonuses.
 
