@@ -6,7 +6,8 @@ than its GPUs hold at once: a GPU whose share ``ceil(b / g)`` exceeds the per-GP
 ``m`` runs ``s = ceil(share / m)`` forward/backward passes of ``ceil(share / s)`` samples,
 summing their gradients, and exchanges them once. Without accumulation (or without a per-GPU
 maximum) ``s`` is 1 and the micro-batch is the whole share. The optimizer values layouts
-with ``accumulation_steps``; the lifecycle manager tells learners theirs with ``layout``.
+with ``accumulation_steps``; the lifecycle manager tells learners theirs, and the autoscaler
+reads their step times, with ``running_batch`` and ``job_layout``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ffdl.core.manifest import ElasticSpec
 from ffdl.elastic.throughput import FloatArray
 
 # Shares that land a hair above a multiple of the maximum through float division still
@@ -40,6 +42,23 @@ def layout(batch: int, gpus: int, local_max: int | None, *, accumulate: bool) ->
     share = -(-batch // gpus)
     steps = -(-share // local_max) if accumulate and local_max else 1
     return BatchLayout(batch=batch, gpus=gpus, micro_batch=-(-share // steps), steps=steps)
+
+
+def running_batch(elastic: ElasticSpec | None, chosen: int | None) -> int | None:
+    """The global batch a job's learners run: the one the autoscaler ``chosen``, else the
+    bottom of an elastic batch range (the batch the optimizer values the job against)."""
+    if chosen is None and elastic is not None and elastic.batch_size is not None:
+        return elastic.batch_size.min
+    return chosen
+
+
+def job_layout(elastic: ElasticSpec | None, batch: int, gpus: int) -> BatchLayout | None:
+    """``batch`` on ``gpus`` GPUs as a job with per-GPU batch limits runs it; None for a
+    job without limits."""
+    if elastic is None or elastic.local_batch_size is None or gpus < 1:
+        return None
+    local_max = elastic.local_batch_size.max
+    return layout(batch, gpus, local_max, accumulate=elastic.accumulate_gradients)
 
 
 def accumulation_steps(

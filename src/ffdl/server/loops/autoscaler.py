@@ -30,10 +30,10 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from ffdl.core.manifest import Manifest
+from ffdl.core.manifest import ElasticSpec, Manifest
 from ffdl.core.resources import Placement
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
-from ffdl.elastic.accumulation import layout
+from ffdl.elastic.accumulation import job_layout, running_batch
 from ffdl.elastic.autoscale import Candidate, autoscale
 from ffdl.elastic.candidates import JobState, elastic_candidate
 from ffdl.elastic.efficiency import GradientStats
@@ -78,6 +78,7 @@ class AutoscalerLoop:
     def __init__(self, platform: Platform) -> None:
         self._platform = platform
         self._learned: dict[str, _Learned] = {}
+        self._specs: dict[str, ElasticSpec] = {}  # a job's manifest does not change
 
     def __call__(self) -> None:
         platform = self._platform
@@ -148,6 +149,7 @@ class AutoscalerLoop:
             self._apply(decisions)
         live = {job.id for job in jobs}
         self._learned = {k: v for k, v in self._learned.items() if k in live}
+        self._specs = {k: v for k, v in self._specs.items() if k in live}
 
     # -- inputs ----------------------------------------------------------------------------
 
@@ -160,8 +162,7 @@ class AutoscalerLoop:
         grad_stats: GradientStats | None,
         cluster_gpus: int,
     ) -> Candidate:
-        elastic = Manifest.from_dict(job.manifest).elastic
-        assert elastic is not None
+        elastic = self._spec(job)
         learned = self._learned.get(job.id)
         state = JobState(
             id=job.id,
@@ -192,6 +193,14 @@ class AutoscalerLoop:
         ).all()
         return {job_id: int(it) for job_id, it in rows if it is not None}
 
+    def _spec(self, job: Job) -> ElasticSpec:
+        spec = self._specs.get(job.id)
+        if spec is None:
+            spec = Manifest.from_dict(job.manifest).elastic
+            assert spec is not None, f"{job.id} is not elastic"
+            self._specs[job.id] = spec
+        return spec
+
     def _learn(self, session: Any, job: Job) -> None:
         """Turn new cumulative sample counts into step-time observations and refit."""
         learned = self._learned.setdefault(job.id, _Learned())
@@ -205,16 +214,14 @@ class AutoscalerLoop:
             )
             .order_by(Metric.number)
         ).all()
-        elastic = Manifest.from_dict(job.manifest).elastic
-        batch = job.batch_size
-        if batch is None and elastic is not None and elastic.batch_size is not None:
-            batch = elastic.batch_size.min  # what the learners were started with
+        if not rows:
+            return
+        elastic = self._spec(job)
+        batch = running_batch(elastic, job.batch_size)
         gpus = job.gpus * job.learners
         nodes = len(Placement.from_json(job.placement or []).nodes) or 1
-        steps = 1
-        if batch is not None and gpus > 0 and elastic is not None and elastic.local_batch_size:
-            local_max = elastic.local_batch_size.max
-            steps = layout(batch, gpus, local_max, accumulate=elastic.accumulate_gradients).steps
+        planned = job_layout(elastic, batch, gpus) if batch is not None else None
+        steps = planned.steps if planned is not None else 1
         added = False
         for row in rows:
             learned.last_metric_number = row.number

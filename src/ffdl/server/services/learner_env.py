@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import Manifest
-from ffdl.elastic.accumulation import layout
+from ffdl.elastic.accumulation import job_layout, running_batch
 from ffdl.learner.runtime import PLATFORM, PYTHON, RuntimeSpec
 from ffdl.learner.sandbox import NETWORK_HOST, SYSTEM_PATHS, SandboxSpec
 from ffdl.server.platform import Platform
@@ -96,19 +96,12 @@ def batch_variables(manifest: Manifest, gpus: int, batch_size: int | None) -> di
     An elastic job with a batch range starts at its minimum, the batch the optimizer values
     it against, until the autoscaler chooses another.
     """
-    elastic = manifest.elastic
-    if batch_size is None and elastic is not None and elastic.batch_size is not None:
-        batch_size = elastic.batch_size.min
-    if batch_size is None:
+    batch = running_batch(manifest.elastic, batch_size)
+    if batch is None:
         return {}
-    variables = {"FFDL_BATCH_SIZE": str(batch_size)}
-    if elastic is not None and elastic.local_batch_size is not None and gpus > 0:
-        planned = layout(
-            batch_size,
-            gpus,
-            elastic.local_batch_size.max,
-            accumulate=elastic.accumulate_gradients,
-        )
+    variables = {"FFDL_BATCH_SIZE": str(batch)}
+    planned = job_layout(manifest.elastic, batch, gpus)
+    if planned is not None:
         variables["FFDL_MICRO_BATCH_SIZE"] = str(planned.micro_batch)
         variables["FFDL_ACCUMULATION_STEPS"] = str(planned.steps)
     return variables
