@@ -158,6 +158,7 @@ def test_the_talk_gang_scenario_runs_two_whole_gangs_on_two_nodes(
     platform: LiveServer, ray_cluster: RayTestCluster
 ) -> None:
     views.drain(platform, "c", True)
+    ids: list[str] = []
     try:
         manifest, files = steps_job(30, pause=0.2, learners=4, gpus=1)
         ids = [platform.submit_ok(manifest, files) for _ in range(4)]
@@ -184,6 +185,9 @@ def test_the_talk_gang_scenario_runs_two_whole_gangs_on_two_nodes(
         for job_id in ids:
             platform.wait_status(job_id, {"COMPLETED"}, timeout=180)
     finally:
+        # A failure here leaves no gang holding the nodes the next tests need.
+        for job_id in ids:
+            platform.client.delete(f"/v1/models/{job_id}")
         views.drain(platform, "c", False)
 
 

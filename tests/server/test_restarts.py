@@ -4,6 +4,8 @@ monitor over the local backend)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -232,6 +234,58 @@ def test_silence_counts_from_the_control_planes_start(tmp_path: Path, database: 
     monitor_pass(started_long_ago)
     job = _job(store, "training-f")
     assert job.status == "FAILED" and job.error_code == "S201"
+
+
+def test_a_controller_that_never_reported_has_the_deploy_timeout_not_the_heartbeats(
+    tmp_path: Path,
+) -> None:
+    """A worker still being spawned on a busy node has not spoken yet: it is not silent."""
+    store = make_store(tmp_path)
+    state_dir = tmp_path / "starting"
+    state_dir.mkdir()
+    spec = state_dir / "spec.json"
+    # A live process whose command line names the spec, leading its own process group: what
+    # the local backend's controllers are.
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", str(spec)], start_new_session=True
+    )
+    try:
+        _silent_learner(
+            store,
+            "training-s",
+            {"pid": process.pid, "state_dir": str(state_dir), "spec": str(spec)},
+            0,
+        )
+        settings = Settings(home=tmp_path / "home", heartbeat_timeout_s=30, deploy_timeout_s=120)
+        platform = _platform(
+            tmp_path,
+            store,
+            open_backend(settings.backend_config()),
+            started_at=utcnow() - timedelta(minutes=10),
+        )
+
+        def launched_ago(seconds: float) -> None:
+            with store.write() as session:
+                learner = session.scalars(
+                    select(Learner).where(Learner.job_id == "training-s")
+                ).one()
+                learner.last_heartbeat = None
+                learner.updated_at = utcnow() - timedelta(seconds=seconds)
+
+        launched_ago(60)  # past the heartbeat timeout, within the deploy timeout
+        monitor_pass(platform)
+        assert _job(store, "training-s").status == "PROCESSING"
+        assert process.poll() is None
+
+        launched_ago(200)
+        monitor_pass(platform)
+        job = _job(store, "training-s")
+        assert (job.status, job.error_code) == ("FAILED", "S201")
+        assert "never reported" in (job.reason or ""), job.reason
+        assert process.wait(timeout=30) == -9, "the monitor kills it"
+    finally:
+        process.kill()
+        process.wait()
 
 
 @on_both_databases

@@ -3,8 +3,10 @@
 A learner whose controller has been quiet for a few heartbeats is polled on the backend:
 a controller that exited leaves its final result, which is applied as if reported; one
 that vanished fails the learner (and so the job) with S201; one that runs but stays silent
-past the heartbeat timeout is killed and failed. Either way, the output lines the lost
-controller had read but not delivered are first recovered from its record (``salvage``).
+past the heartbeat timeout is killed and failed. A controller that has not reported once
+since its launch is still starting (a worker being spawned on a busy node), and has the
+deploy timeout before it counts as lost. Either way, the output lines the lost controller
+had read but not delivered are first recovered from its record (``salvage``).
 Learners still alive in an attempt that is over (the others of a failed gang, a job gone
 back to the queue to restart) are killed.
 
@@ -64,6 +66,9 @@ class _Watch:
     job_ended: bool
     # Why an ended attempt's learner is stopped, when ``job_ended``.
     stop_reason: str = "stopped: job ended"
+    # Whether its controller has reported at all: one still starting (a Ray worker being
+    # spawned on a busy node) is not silent yet, and gets the deploy timeout instead.
+    heard: bool = True
 
 
 def heard_since(platform: Platform, session: Session) -> datetime:
@@ -110,6 +115,7 @@ def monitor_pass(platform: Platform) -> None:
                         (now - last).total_seconds(),
                         ended,
                         _stop_reason(status, learner.attempt, job_attempt),
+                        heard=learner.last_heartbeat is not None,
                     )
                 )
     changed = False
@@ -164,11 +170,16 @@ def _check(platform: Platform, watch: _Watch) -> bool:
         return _settle(platform, watch, LearnerStatus.CANCELLED, watch.stop_reason, None, None)
     polled = platform.backend.poll(watch.handle)
     if polled.state == LearnerState.RUNNING:
-        if watch.silent_s <= settings.heartbeat_timeout_s:
+        if watch.heard:
+            allowed = settings.heartbeat_timeout_s
+            reason = f"controller silent for {watch.silent_s:.0f}s; killed"
+        else:
+            allowed = max(settings.deploy_timeout_s, settings.heartbeat_timeout_s)
+            reason = f"controller launched {watch.silent_s:.0f}s ago never reported; killed"
+        if watch.silent_s <= allowed:
             return False
         platform.backend.kill(watch.handle)
         salvage_output(platform, watch.job_id, watch.index, watch.attempt, watch.handle)
-        reason = f"controller silent for {watch.silent_s:.0f}s; killed"
         return _settle(
             platform, watch, LearnerStatus.FAILED, reason, ErrorCode.CONTROLLER_LOST.value, None
         )
