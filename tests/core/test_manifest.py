@@ -444,6 +444,11 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, str]] = [
      elastic(batch_size={"min": 16, "max": 32}, local_batch_size={"min": 64, "max": 128},
              accumulate_gradients=True),
      "elastic.local_batch_size", "C104"),
+    ("rebatch_in_place not a boolean",
+     elastic(batch_size={"min": 64, "max": 128}, rebatch_in_place=1),
+     "elastic.rebatch_in_place", "C104"),
+    ("rebatch_in_place without a batch range", elastic(rebatch_in_place=True),
+     "elastic.rebatch_in_place", "C104"),
 ]  # fmt: skip
 
 

@@ -56,3 +56,25 @@ def test_a_queued_job_is_started_with_the_gpus_left() -> None:
 def test_shrinking_capacity_shrinks_instead_of_stopping() -> None:
     decisions = autoscale([Candidate(job("a", 4, 256))], capacity=2)
     assert [(d.from_gpus, d.to_gpus) for d in decisions] == [(4, 2)]
+
+
+def test_a_held_job_that_rebatches_in_place_keeps_its_gpus_but_not_its_batch() -> None:
+    held = job("a", 2, 64, gpu_range=(1, 4), rebatch_in_place=True)
+    for candidate in (Candidate(held, hold=True), Candidate(held, pinned_gpus=2)):
+        decisions = autoscale([candidate], capacity=4)
+        assert [(d.from_gpus, d.to_gpus, d.from_batch) for d in decisions] == [(2, 2, 64)]
+        assert decisions[0].in_place and decisions[0].to_batch is not None
+        assert decisions[0].to_batch > 64
+        assert "in place on 2 GPUs" in decisions[0].reason
+
+
+def test_a_small_gain_is_worth_a_batch_change_in_place_but_not_a_restart() -> None:
+    # One GPU, nothing to synchronise: a larger batch gains only a few percent, under the
+    # restart penalty (10% of the job's progress) and over a tenth of it.
+    def one_gpu(in_place: bool) -> ElasticJob:
+        return job("a", 1, 64, gpu_range=(1, 1), batch_range=(64, 512), rebatch_in_place=in_place)
+
+    assert autoscale([Candidate(one_gpu(False))], capacity=4) == []
+    decisions = autoscale([Candidate(one_gpu(True))], capacity=4)
+    assert [(d.from_gpus, d.to_gpus, d.in_place) for d in decisions] == [(1, 1, True)]
+    assert "+3% useful progress" in decisions[0].reason, decisions[0]

@@ -243,3 +243,70 @@ def test_a_job_left_waiting_too_long_takes_turns_with_a_running_one(tmp_path: Pa
         resumed = [start for _, _, start in _starts(server, first)]
         assert resumed[0] == 0 and max(resumed) > 0, resumed
         assert _reported_steps(server, first) == 200
+
+
+# Reads its batch again at every epoch, as a training loop that rebatches in place does.
+REBATCHING = """
+import sys, time
+from ffdl.sdk.api import context, report, should_stop
+
+first = context()
+me, batch = first.learner_id, first.batch_size
+print(f"learner {me} start batch={batch} attempt={__import__('os').environ['FFDL_ATTEMPT']}",
+      flush=True)
+step = 0
+for epoch in range(1, 400):
+    now = context()
+    if now.batch_size != batch:
+        batch = now.batch_size
+        print(f"learner {me} epoch {epoch} batch={batch} micro={now.micro_batch_size} "
+              f"steps={now.accumulation_steps}", flush=True)
+    for _ in range(5):
+        step += 1
+        time.sleep(0.02)
+        if me == 1:
+            report(step=step, samples=step * batch)
+    if should_stop():
+        sys.exit(0)
+    if batch != first.batch_size and epoch % 10 == 0:
+        break
+print(f"learner {me} done", flush=True)
+"""
+
+
+def test_a_job_that_rebatches_in_place_takes_a_new_batch_without_a_restart(
+    elastic_server: LiveServer,
+) -> None:
+    # Two GPUs, held there; the optimizer raises the batch from 64 to 512 (256 a GPU, run as
+    # 2 micro-batches of 128). The job's size is held for an hour, which keeps its GPUs but
+    # not its batch.
+    limits = {
+        "gpus": {"min": 2, "max": 2},
+        "batch_size": {"min": 64, "max": 512},
+        "local_batch_size": {"min": 16, "max": 128},
+        "accumulate_gradients": True,
+        "rebatch_in_place": True,
+    }
+    manifest = manifest_yaml("python steps.py", learners=2, elastic=limits)
+    job_id = elastic_server.submit_ok(manifest, {"steps.py": REBATCHING})
+    model = elastic_server.wait_status(job_id, {"COMPLETED"}, timeout=120)
+    lines = [item["line"] for item in elastic_server.loglines(job_id)]
+    starts = sorted(line for line in lines if re.match(r"learner \d start", line))
+    assert starts == ["learner 1 start batch=64 attempt=1", "learner 2 start batch=64 attempt=1"]
+    for learner in (1, 2):
+        changes = [line for line in lines if re.match(rf"learner {learner} epoch \d+ batch=", line)]
+        assert changes and changes[-1].endswith("batch=512 micro=128 steps=2"), lines
+    events = [str(e.get("reason", "")) for e in model["events"]]
+    assert any("rebatch 64→512 in place on 2 GPUs" in e for e in events), events
+    assert not any(e["to"] == "RESCALING" for e in model["events"]), model["events"]
+    assert any("[ffdl] batch now 512" in line for line in lines), lines
+
+    # Without a batch range there is nothing to change in place: refused, naming the field.
+    refused = elastic_server.submit(
+        manifest_yaml(
+            "python steps.py", elastic={"gpus": {"min": 1, "max": 2}, "rebatch_in_place": True}
+        ),
+        {"steps.py": REBATCHING},
+    )
+    assert refused.status_code == 400, refused.text
+    assert "elastic.rebatch_in_place" in refused.text

@@ -127,7 +127,10 @@ def test_no_control_plane_variable_reaches_user_code(server: LiveServer) -> None
     text = json.dumps(env)
     assert server.token not in text and str(server.port) not in text
     assert not any("TOKEN" in key or "SECRET" in key or "PASSWORD" in key for key in env)
-    assert {key for key in env if key.startswith(("FFDL_", "DLAAS"))} <= {"FFDL_GPUS"}
+    assert {key for key in env if key.startswith(("FFDL_", "DLAAS"))} <= {
+        "FFDL_GPUS",
+        "FFDL_ATTEMPT",
+    }
     assert "spec.json" not in text and "ffdl.db" not in text
 
 

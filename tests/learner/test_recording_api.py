@@ -106,6 +106,8 @@ class RecordingApi:
         self.lose_responses = 0
         self.halt = False
         self.cancel = False
+        # The batch answers carry (a job that rebatches in place); None: no batch.
+        self.batch: dict[str, Any] | None = None
         # Answer halt once a status item with this value has been accepted.
         self.halt_after_status: str | None = None
         self.port = 0
@@ -170,6 +172,8 @@ class RecordingApi:
                 self.lose_responses -= 1
                 return None
             answer = {"accepted": accepted, "last_seq": last, "halt": self.halt}
+            if self.batch is not None:
+                answer["batch"] = self.batch
             return 200, {**answer, "cancel": self.cancel}
 
     # -- what was accepted ----------------------------------------------------------------

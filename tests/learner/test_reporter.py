@@ -176,6 +176,24 @@ def test_halt_and_cancel_answers_are_announced_once(api: RecordingApi) -> None:
     assert events.kinds() == [HALT, CANCEL]
 
 
+def test_each_new_batch_the_api_answers_with_is_passed_on_once(api: RecordingApi) -> None:
+    told: list[dict[str, Any]] = []
+    reporter = make_reporter(api, heartbeat_s=0.05, on_batch=told.append)
+    wait_until(lambda: api.heartbeats() >= 2, timeout_s=5, what="heartbeats")
+    assert told == [], "no batch in the answers: nothing to pass on"
+    first = {"batch_size": 128, "micro_batch_size": 64, "accumulation_steps": 1}
+    api.batch = first
+    wait_until(lambda: told, timeout_s=5, what="the first batch")
+    seen = api.heartbeats()
+    wait_until(lambda: api.heartbeats() >= seen + 3, timeout_s=5, what="more heartbeats")
+    assert told == [first], "the same batch again is no change"
+    second = {"batch_size": 512, "micro_batch_size": 128, "accumulation_steps": 2}
+    api.batch = second
+    wait_until(lambda: len(told) == 2, timeout_s=5, what="the second batch")
+    assert told == [first, second]
+    assert reporter.drain(5.0)
+
+
 def test_a_revoked_token_means_the_job_is_gone(api: RecordingApi) -> None:
     events = Events()
     reporter = make_reporter(api, events, job_token="revoked")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ffdl.sdk.api import JobContext, context
+from ffdl.sdk.batch_file import BATCH_FILE_NAME, write_batch
 
 CONTEXT_VARIABLES = (
     "DATA_DIR",
@@ -28,6 +29,7 @@ CONTEXT_VARIABLES = (
     "FFDL_BATCH_SIZE",
     "FFDL_MICRO_BATCH_SIZE",
     "FFDL_ACCUMULATION_STEPS",
+    "FFDL_ATTEMPT",
 )
 
 
@@ -199,3 +201,46 @@ def test_malformed_accumulation_steps_name_the_variable(clean_env: pytest.Monkey
     clean_env.setenv("FFDL_ACCUMULATION_STEPS", "0")
     with pytest.raises(ValueError, match="FFDL_ACCUMULATION_STEPS must be >= 1"):
         context()
+
+
+def test_a_batch_told_while_running_overrides_the_starting_one_for_its_attempt_only(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    clean_env.setenv("JOB_STATE_DIR", str(state))
+    clean_env.setenv("FFDL_ATTEMPT", "2")
+    clean_env.setenv("FFDL_BATCH_SIZE", "64")
+    clean_env.setenv("FFDL_MICRO_BATCH_SIZE", "32")
+    clean_env.setenv("FFDL_ACCUMULATION_STEPS", "1")
+    assert (context().batch_size, context().micro_batch_size) == (64, 32)
+
+    told = {"batch_size": 512, "micro_batch_size": 128, "accumulation_steps": 2}
+    write_batch(state, 2, told)
+    now = context()
+    assert (now.batch_size, now.micro_batch_size, now.accumulation_steps) == (512, 128, 2)
+    assert now.micro_batches(256) == [128, 128]
+
+    # A file an earlier attempt left behind is not this attempt's batch.
+    write_batch(state, 1, told)
+    assert (context().batch_size, context().micro_batch_size) == (64, 32)
+    # Nor is a file that is no batch, nor one read without knowing the attempt.
+    (state / BATCH_FILE_NAME).write_text('{"attempt": 2, "batch_size": 0}')
+    assert context().batch_size == 64
+    write_batch(state, 2, told)
+    clean_env.delenv("FFDL_ATTEMPT")
+    assert context().batch_size == 64
+
+
+@pytest.mark.parametrize(
+    "told",
+    [
+        {"batch_size": 0, "micro_batch_size": None, "accumulation_steps": 1},
+        {"batch_size": 64, "micro_batch_size": 0, "accumulation_steps": 1},
+        {"batch_size": 64, "micro_batch_size": 32, "accumulation_steps": True},
+        {"batch_size": "64", "micro_batch_size": None, "accumulation_steps": 1},
+    ],
+)
+def test_a_batch_that_is_no_batch_is_not_written(tmp_path: Path, told: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="not a batch"):
+        write_batch(tmp_path, 1, told)
+    assert not (tmp_path / BATCH_FILE_NAME).exists()

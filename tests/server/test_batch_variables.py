@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from ffdl.core.manifest import Manifest, parse_manifest
-from ffdl.server.services.learner_env import batch_variables
+from ffdl.server.services.learner_env import batch_variables, in_place_batch
 
 
 def manifest(**elastic: Any) -> Manifest:
@@ -58,3 +58,22 @@ def test_without_limits_or_a_batch_only_what_is_known_is_set() -> None:
     ranged = {"gpus": {"min": 1, "max": 4}, "batch_size": {"min": 64, "max": 256}}
     assert batch_variables(manifest(**ranged), 2, 128) == {"FFDL_BATCH_SIZE": "128"}
     assert batch_variables(manifest(), 2, None) == {}
+
+
+def test_report_answers_tell_a_job_that_rebatches_in_place_what_it_would_start_with() -> None:
+    stored = manifest(**LIMITED, rebatch_in_place=True).to_dict()
+    assert in_place_batch(stored, 2, 128) == {
+        "batch_size": 128,
+        "micro_batch_size": 8,
+        "accumulation_steps": 8,
+    }
+    assert batch_variables(Manifest.from_dict(stored), 2, 128)["FFDL_ACCUMULATION_STEPS"] == "8"
+    # Before the autoscaler chose a batch: the range's minimum, as at the start.
+    assert in_place_batch(stored, 2, None) == {
+        "batch_size": 64,
+        "micro_batch_size": 8,
+        "accumulation_steps": 4,
+    }
+    # Any other job's answers carry no batch.
+    assert in_place_batch(manifest(**LIMITED).to_dict(), 2, 128) is None
+    assert in_place_batch(manifest().to_dict(), 2, 128) is None

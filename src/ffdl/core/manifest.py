@@ -314,13 +314,15 @@ class ElasticSpec(_Section):
     """The range of total GPUs a job can be rescaled within, its global batch range, the
     per-GPU batch limits of its model (the most samples one GPU's memory holds, the fewest
     that keep it busy), whether its training loop accumulates gradients (then a GPU's share
-    may exceed the maximum, run as several micro-batches per step), and an optional fixed
-    schedule."""
+    may exceed the maximum, run as several micro-batches per step), whether it takes a new
+    batch size while it runs (``rebatch_in_place``: it reads ``ffdl.sdk.context()`` again at
+    each epoch, so a batch-only change needs no restart), and an optional fixed schedule."""
 
     gpus: IntRange
     batch_size: IntRange | None = None
     local_batch_size: IntRange | None = None
     accumulate_gradients: Annotated[bool, boolean_field()] = False
+    rebatch_in_place: Annotated[bool, boolean_field()] = False
     schedule: Annotated[list[ScheduleStep], BeforeValidator(list_or_empty)] = Field(
         default_factory=list
     )
@@ -355,6 +357,15 @@ class ElasticSpec(_Section):
             if not self.accumulate_gradients and most >= self.gpus.min:
                 reason += ACCUMULATION_HINT
             raise invalid(reason, "local_batch_size")
+        return self
+
+    @model_validator(mode="after")
+    def _rebatch_needs_a_batch_range(self) -> ElasticSpec:
+        if self.rebatch_in_place and self.batch_size is None:
+            raise invalid(
+                "is true but there is no batch to change: give elastic.batch_size {min, max}",
+                "rebatch_in_place",
+            )
         return self
 
     @model_validator(mode="after")

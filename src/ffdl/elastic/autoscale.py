@@ -6,7 +6,8 @@ autoscaler loop and by the simulator:
 - user-driven sizes win: a job pinned by ``ffdl scale`` or by its ``elastic.schedule`` at its
   current epoch is offered exactly that many GPUs (its range collapses to the pin); a job
   that is held (restarted too recently, or already at its pinned size) keeps its whole
-  allocation, batch size included, so it is not restarted for a re-batch either;
+  allocation, batch size included, so it is not restarted for a re-batch either, unless it
+  takes a new batch while it runs (``rebatch_in_place``): then only its GPUs are held;
 - every other elastic job is sized by ``optimize`` over the GPUs elastic jobs may share
   (``capacity``: the cluster's schedulable GPUs minus those held by non-elastic jobs and
   those reserved for a blocked higher-priority job, which is how elastic jobs shrink to
@@ -59,8 +60,10 @@ def _pinned(candidate: Candidate) -> ElasticJob:
     job, pin = candidate.job, candidate.pinned_gpus
     running = job.current_gpus > 0
     if running and (candidate.hold or pin == job.current_gpus):
-        batch = job.current_batch or job.base_batch
         current = (job.current_gpus, job.current_gpus)
+        if job.rebatch_in_place:
+            return replace(job, gpu_range=current)
+        batch = job.current_batch or job.base_batch
         return replace(job, gpu_range=current, batch_range=None, base_batch=batch)
     if pin is None or pin <= 0:
         return job

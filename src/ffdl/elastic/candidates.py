@@ -90,6 +90,7 @@ def elastic_candidate(
                 else (elastic.local_batch_size.min, elastic.local_batch_size.max)
             ),
             accumulate=elastic.accumulate_gradients,
+            rebatch_in_place=elastic.rebatch_in_place,
             model=model,
             grad_stats=grad_stats,
             goodput=goodput,

@@ -48,7 +48,10 @@ Choose for every job ``j`` a GPU count ``g_j`` and a batch size ``b_j`` maximisi
 * ``penalty_j = restart_penalty * U_j(current)`` when a running job's GPU count or batch
   size changes (a rescale is a checkpoint-restart); keeping the current allocation, starting
   a queued job and stopping a job cost nothing. A change is therefore made only when it
-  gains more than ``restart_penalty`` of the job's current progress.
+  gains more than ``restart_penalty`` of the job's current progress. A job that takes a new
+  batch while it runs (``rebatch_in_place``) pays a tenth of that for a batch-only change
+  (``REBATCH_IN_PLACE_SHARE``): no restart, but a fitted model's noise should not flip its
+  batch back and forth.
 
 Fairness is lexicographic on top of the objective, in this order:
 
@@ -109,6 +112,8 @@ from ffdl.elastic.throughput import FloatArray, ThroughputModel, step_times
 
 MAX_GPU_CHOICES = 16
 DEFAULT_GPUS_PER_NODE = 8
+# What a batch-only change of a job that rebatches in place costs, as a share of a restart's.
+REBATCH_IN_PLACE_SHARE = 0.1
 # Relative slack when recognising which option reached the optimum during the walk back.
 _TIE_TOLERANCE = 1e-9
 
@@ -135,6 +140,9 @@ class ElasticJob:
     # above the per-GPU maximum runs as several micro-batches per step instead of being out
     # of reach (``ffdl.elastic.accumulation``).
     accumulate: bool = False
+    # The training loop takes a new batch size at its next epoch (``elastic.rebatch_in_place``):
+    # a batch-only change costs ``REBATCH_IN_PLACE_SHARE`` of a restart's penalty.
+    rebatch_in_place: bool = False
     current_gpus: int = 0  # 0: queued, not running
     current_batch: int | None = None  # None while running means base_batch
     waited_s: float = 0.0  # time since the job last made progress (fairness)
@@ -458,6 +466,8 @@ def _evaluate(
         if job.running and job.current_gpus in gpu_lists[j]:
             column = gpu_lists[j].index(job.current_gpus)
             preferred[j] = column + 1
+            if job.rebatch_in_place:
+                utility[j, column] += weight[j] * penalty[j] * (1.0 - REBATCH_IN_PLACE_SHARE)
             if job.effective_current_batch in batch_lists[j]:
                 stay_jobs.append(j)
                 stay_gpus.append(column)

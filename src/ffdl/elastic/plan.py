@@ -32,6 +32,8 @@ class RescaleDecision:
     expected_gain: float
     # A stop that gives the job's GPUs to jobs that waited too long (``Plan.yielded``).
     yielded: bool = False
+    # A batch-only change the job takes while it runs (``ElasticJob.rebatch_in_place``).
+    in_place: bool = False
 
 
 def diff(
@@ -65,7 +67,10 @@ def diff(
         after = allocation.progress if allocation.gpus > 0 else 0.0
         kind = _kind(job.current_gpus, allocation.gpus)
         yielded = job.id in plan.yielded
+        in_place = job.rebatch_in_place and job.current_gpus == allocation.gpus > 0
         reason = _reason(kind, job, from_batch, allocation.gpus, to_batch, before, after)
+        if in_place:
+            reason = reason.replace(" on ", " in place on ", 1)
         if yielded:
             reason = (
                 f"stop {job.current_gpus}→0 GPUs and queue again from the checkpoint: a job "
@@ -80,6 +85,7 @@ def diff(
             reason=reason,
             expected_gain=after - before,
             yielded=yielded,
+            in_place=in_place,
         )
         ranked.append((_KIND_ORDER[kind], position, decision))
     ranked.sort(key=lambda item: (item[0], item[1]))

@@ -29,6 +29,7 @@ from typing import TextIO
 from ffdl.core.status import ErrorCode, LearnerStatus
 from ffdl.learner import metrics, runtime, sandbox, staging
 from ffdl.learner.attempt_lock import ALREADY_RUNNING_EXIT, claim_attempt
+from ffdl.learner.batch_updates import BatchUpdates
 from ffdl.learner.gpu_sampler import GpuSampler, visible_indexes
 from ffdl.learner.limits import LearnerLimits, memory_text
 from ffdl.learner.metric_sources import MetricSources
@@ -137,6 +138,7 @@ class Controller:
             on_event=self._on_reporter_event,
             diagnostics=logger.warning,
             fallback_urls=spec.fallback_urls,
+            on_batch=BatchUpdates(spec, self._ffdl_log),
         )
         self._lock = threading.Lock()
         self._stop_request: str | None = None

@@ -3,7 +3,8 @@
 This module owns the report protocol's sending side: every status, log line and metric is
 queued in order, and one sender thread posts them in order, in batches, retrying through API
 outages (the server drops seqs it already has, so resending is safe) and passing the API's
-halt, cancel and "job gone" answers back to the controller.
+halt, cancel and "job gone" answers back to the controller, and the batch a job that
+rebatches in place should now use (``on_batch``).
 
 Nothing queued is dropped while the API is slow or away. The queue (``spool.Spool``) keeps
 its head in memory and spills the rest to disk in the controller's state directory, and the
@@ -99,6 +100,7 @@ class Reporter:
         on_event: EventHandler = _ignore_event,
         diagnostics: Callable[[str], None] = _ignore_message,
         fallback_urls: Sequence[str] = (),
+        on_batch: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         reports = f"/v1/internal/jobs/{training_id}/learners/{learner}/reports"
         self._targets = [_target(url, reports) for url in dict.fromkeys([api_url, *fallback_urls])]
@@ -115,6 +117,10 @@ class Reporter:
         self._batch_wait_s = batch_wait_s
         self._on_event = on_event
         self._diagnostics = diagnostics
+        # Told each batch the API answers with that differs from the last (a job that
+        # takes a new batch while it runs); called on the sender thread.
+        self._on_batch = on_batch
+        self._last_batch: dict[str, Any] | None = None
 
         self._lock = threading.Lock()
         # The sender waits on ``_wakeup``; producers short of room and ``drain`` on
@@ -373,6 +379,10 @@ class Reporter:
             if server_seq is not None and self._next_seq <= server_seq:
                 self._next_seq = server_seq + 1
             self._progress.notify_all()
+        told = answer.get("batch")
+        if self._on_batch is not None and isinstance(told, dict) and told != self._last_batch:
+            self._last_batch = told
+            self._on_batch(told)
         if answer.get("cancel") is True:
             self._announce(CANCEL, "cancelled through the API")
         if answer.get("halt") is True:

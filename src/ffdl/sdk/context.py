@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ffdl.sdk.batch_file import read_batch
+
 LOCAL_TRAINING_ID = "local"
 LOCAL_ROOT_NAME = "ffdl-local"
 
@@ -109,6 +111,10 @@ def job_directory(variable: str) -> Path:
 def context() -> JobContext:
     """Read the job context from the environment, with local defaults for anything unset.
 
+    The batch fields are the ones the platform last told this attempt, when its job takes a
+    new batch while it runs (``elastic.rebatch_in_place``; see ``ffdl.sdk.batch_file``):
+    call this again at each epoch to pick a change up.
+
     Raises ``ValueError`` naming the variable when a numeric variable is malformed.
     """
     learner_id = _env_int("LEARNER_ID", minimum=1) or 1
@@ -118,24 +124,33 @@ def context() -> JobContext:
     rank = _env_int("RANK", minimum=0)
     world_size = _env_int("WORLD_SIZE", minimum=1)
     local_rank = _env_int("LOCAL_RANK", minimum=0)
+    job_state_dir = job_directory("JOB_STATE_DIR")
+    batch_size = _env_int("FFDL_BATCH_SIZE", minimum=1)
+    micro_batch_size = _env_int("FFDL_MICRO_BATCH_SIZE", minimum=1)
+    accumulation_steps = _env_int("FFDL_ACCUMULATION_STEPS", minimum=1) or 1
+    told = read_batch(job_state_dir, _env_int("FFDL_ATTEMPT", minimum=1))
+    if told is not None:
+        batch_size = told["batch_size"]
+        micro_batch_size = told["micro_batch_size"]
+        accumulation_steps = told["accumulation_steps"]
     return JobContext(
         training_id=_env_value("TRAINING_ID") or LOCAL_TRAINING_ID,
         learner_id=learner_id,
         num_learners=num_learners,
         gpus=_env_int("FFDL_GPUS", minimum=0),
-        batch_size=_env_int("FFDL_BATCH_SIZE", minimum=1),
+        batch_size=batch_size,
         data_dir=job_directory("DATA_DIR"),
         result_dir=job_directory("RESULT_DIR"),
         model_dir=job_directory("MODEL_DIR"),
         log_dir=job_directory("LOG_DIR"),
         checkpoint_dir=job_directory("CHECKPOINT_DIR"),
-        job_state_dir=job_directory("JOB_STATE_DIR"),
+        job_state_dir=job_state_dir,
         # Without torch's own variables the learner numbering is the natural rank layout.
         rank=learner_id - 1 if rank is None else rank,
         world_size=num_learners if world_size is None else world_size,
         local_rank=0 if local_rank is None else local_rank,
         master_addr=_env_value("MASTER_ADDR"),
         master_port=_env_int("MASTER_PORT", minimum=1),
-        micro_batch_size=_env_int("FFDL_MICRO_BATCH_SIZE", minimum=1),
-        accumulation_steps=_env_int("FFDL_ACCUMULATION_STEPS", minimum=1) or 1,
+        micro_batch_size=micro_batch_size,
+        accumulation_steps=accumulation_steps,
     )

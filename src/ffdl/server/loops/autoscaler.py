@@ -7,9 +7,12 @@ function the simulator calls) the GPUs elastic jobs may share: the schedulable G
 those held by non-elastic jobs and by elastic jobs already in transition, minus the GPUs a
 blocked higher-priority job is waiting for (so elastic jobs shrink to admit it). Decisions
 for running jobs become rescales (PROCESSING → RESCALING, with the reason and expected
-gain in the event); for queued elastic jobs, the size the scheduler will place them at; a
-running job stopped so that a job waiting longer than ``fairness_after_s`` can start is
-halted, requeued and held back for one such turn (``not_before``).
+gain in the event), except a batch-only change of a job that takes it while it runs
+(``elastic.rebatch_in_place``): its batch is changed and an event records it, and its
+learners take it from the report answers at their next epoch. For queued elastic jobs, the
+decision is the size the scheduler will place them at. A running job stopped so that a job
+waiting longer than ``fairness_after_s`` can start is halted, requeued and held back for
+one such turn (``not_before``).
 A job just submitted is left to the scheduler for ``QUEUED_GRACE_INTERVALS`` scheduler
 intervals: one that fits starts at its manifest's size, whichever loop happens to run first,
 and is grown later by a rescale; one still queued after that is sized here.
@@ -45,7 +48,7 @@ from ffdl.server.platform import Platform
 from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.services.snapshots import epoch
 from ffdl.server.store.models import Job, Metric
-from ffdl.server.store.transitions import set_job_status
+from ffdl.server.store.transitions import note_job_event, set_job_status
 from ffdl.server.telemetry.instruments import OPTIMIZER_SECONDS, Timer
 
 # Scheduler intervals a newly queued elastic job is left to the scheduler (see above).
@@ -312,6 +315,16 @@ class AutoscalerLoop:
                     changed = True
                     continue
                 gain = f" (expected gain {decision.expected_gain:+.1f} samples/s)"
+                if (
+                    decision.in_place
+                    and decision.to_batch
+                    and decision.to_gpus == (job.gpus * job.learners)
+                ):
+                    # The learners take it at their next epoch (the report answers carry
+                    # it): no restart, no status change.
+                    job.batch_size = decision.to_batch
+                    note_job_event(session, job, decision.reason + gain)
+                    continue
                 job.rescale_target = {
                     "gpus": decision.to_gpus,
                     "batch": decision.to_batch,

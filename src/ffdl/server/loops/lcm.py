@@ -318,6 +318,8 @@ def build_spec(
         # GPU ids are nvidia-smi's (PCI bus order); CUDA's default order is fastest first.
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "FFDL_GPUS": str(manifest.gpus * len(placement.learners)),
+        # Which attempt a batch told while it runs belongs to (``ffdl.sdk.batch_file``).
+        "FFDL_ATTEMPT": str(attempt),
     }
     runtime = job_runtime(platform, job_id, manifest)
     env["PATH"] = runtime_path(runtime, settings.learner_path)

@@ -20,10 +20,11 @@ import re
 import site
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from ffdl.core.jobdirs import JobDirs
-from ffdl.core.manifest import Manifest
+from ffdl.core.manifest import ElasticSpec, Manifest
 from ffdl.elastic.accumulation import job_layout, running_batch
 from ffdl.learner.runtime import PLATFORM, PYTHON, RuntimeSpec
 from ffdl.learner.sandbox import NETWORK_HOST, SYSTEM_PATHS, SandboxSpec
@@ -96,15 +97,40 @@ def batch_variables(manifest: Manifest, gpus: int, batch_size: int | None) -> di
     An elastic job with a batch range starts at its minimum, the batch the optimizer values
     it against, until the autoscaler chooses another.
     """
-    batch = running_batch(manifest.elastic, batch_size)
-    if batch is None:
+    told = _batch_told(manifest.elastic, gpus, batch_size)
+    if told is None:
         return {}
-    variables = {"FFDL_BATCH_SIZE": str(batch)}
-    planned = job_layout(manifest.elastic, batch, gpus)
-    if planned is not None:
-        variables["FFDL_MICRO_BATCH_SIZE"] = str(planned.micro_batch)
-        variables["FFDL_ACCUMULATION_STEPS"] = str(planned.steps)
+    variables = {"FFDL_BATCH_SIZE": str(told["batch_size"])}
+    if told["micro_batch_size"] is not None:
+        variables["FFDL_MICRO_BATCH_SIZE"] = str(told["micro_batch_size"])
+        variables["FFDL_ACCUMULATION_STEPS"] = str(told["accumulation_steps"])
     return variables
+
+
+def in_place_batch(
+    manifest: dict[str, Any], gpus: int, batch_size: int | None
+) -> dict[str, int | None] | None:
+    """The batch the running learners of a job that takes a new batch while it runs
+    (``elastic.rebatch_in_place``) should use now, as report answers carry it: the same
+    values ``batch_variables`` starts them with. None for any other job."""
+    raw = manifest.get("elastic")
+    if not isinstance(raw, dict) or raw.get("rebatch_in_place") is not True:
+        return None
+    return _batch_told(ElasticSpec.model_validate(raw), gpus, batch_size)
+
+
+def _batch_told(
+    elastic: ElasticSpec | None, gpus: int, batch_size: int | None
+) -> dict[str, int | None] | None:
+    batch = running_batch(elastic, batch_size)
+    if batch is None:
+        return None
+    planned = job_layout(elastic, batch, gpus)
+    return {
+        "batch_size": batch,
+        "micro_batch_size": planned.micro_batch if planned is not None else None,
+        "accumulation_steps": planned.steps if planned is not None else 1,
+    }
 
 
 def place_learner(

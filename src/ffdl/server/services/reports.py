@@ -52,6 +52,7 @@ from ffdl.core.status import (
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job
 from ffdl.server.services.gpu_samples import gpu_item_problem, record_gpu_samples
+from ffdl.server.services.learner_env import in_place_batch
 from ffdl.server.services.progress import record_progress
 from ffdl.server.services.queries import current_learners
 from ffdl.server.services.record_numbers import number_lines, number_metrics
@@ -98,15 +99,20 @@ class ReportAck:
     halt: bool
     cancel: bool
     dropped: int = 0
+    # For a job that takes a new batch while it runs: the batch its learners should use.
+    batch: dict[str, int | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        answer: dict[str, Any] = {
             "accepted": self.accepted,
             "last_seq": self.last_seq,
             "halt": self.halt,
             "cancel": self.cancel,
             "dropped": self.dropped,
         }
+        if self.batch is not None:
+            answer["batch"] = self.batch
+        return answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +225,7 @@ def _store_batch(
         or job.status in (JobStatus.HALTING.value, JobStatus.RESCALING.value),
         cancel=job.desired == "cancel" or (terminal and not _learner_done(learner)),
         dropped=dropped,
+        batch=in_place_batch(job.manifest, job.gpus * job.learners, job.batch_size),
     )
     return _Stored(ack, status_changed)
 

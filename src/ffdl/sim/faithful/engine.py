@@ -7,7 +7,8 @@ GPUs for the next round from what the jobs report (``JobInfo``). A job whose bat
 fixed (Tiresias', Optimus' jobs) splits it over its GPUs, accumulating gradients where a
 GPU cannot hold its share; an adaptive job (Pollux's) takes the batch its fitted goodput
 model says is best for its GPUs; where the policy sets batches (ffdl's), a job runs the one
-it was given and a new batch on the same GPUs is a restart like any other change.
+it was given and a new batch on the same GPUs is a restart like any other change, unless
+the policy says the job takes it in place (``RoundPlan.in_place``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class RoundPlan:
 
     allocations: dict[str, Allocation]
     batches: dict[str, int] = field(default_factory=dict)
+    # Jobs whose new batch on the same GPUs is taken without a restart.
+    in_place: set[str] = field(default_factory=set)
 
 
 class Policy(Protocol):
@@ -328,8 +331,9 @@ class Cluster:
             rebatched = batch is not None and batch != job.target_batch
             if batch is not None:
                 job.target_batch = batch
-            # A new batch on the same GPUs restarts the job too.
-            if new != old or (rebatched and new):
+            # A new batch on the same GPUs restarts the job too, unless it takes it in place
+            # (at once here: the live learners take it at their next epoch).
+            if new != old or (rebatched and new and job.name not in plan.in_place):
                 job.reallocate(placement_of(new or []))
                 if new and job.name not in self.first_gpus:
                     self.first_gpus[job.name] = self.now

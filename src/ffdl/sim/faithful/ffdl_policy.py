@@ -8,10 +8,11 @@ platform's default settings (restart penalty, fairness after 600 s, a job restar
 than ``min_rescale_interval_s`` ago held at its size). Its decisions are applied as the
 platform applies them: a job whose GPUs change restarts on GPUs packed best-fit onto the
 nodes (whole free nodes first for a job larger than one), and a job whose batch alone
-changes restarts where it is. Every elastic version accumulates gradients
-(``elastic.accumulate_gradients``), as AdaptDL's jobs do: a GPU's share above the profiled
-per-GPU maximum runs as several micro-batches per step; ``accumulate=False`` measures the
-policy without it.
+changes restarts where it is (with ``rebatch_in_place=True`` it takes the batch there
+without a restart, as a job with ``elastic.rebatch_in_place`` does). Every elastic version
+accumulates gradients (``elastic.accumulate_gradients``), as AdaptDL's jobs do: a GPU's
+share above the profiled per-GPU maximum runs as several micro-batches per step;
+``accumulate=False`` measures the policy without it.
 
 Speeds: the optimizer values a job through ``GoodputModel`` with the job's fitted Pollux
 model (the estimate Pollux itself plans with), so that what is compared is how each policy
@@ -57,7 +58,9 @@ class PolluxGoodput:
         return np.asarray(np.nan_to_num(np.maximum(value, 0.0)), dtype=np.float64)
 
 
-def elastic_spec(app: Application, *, accumulate: bool = True) -> ElasticSpec:
+def elastic_spec(
+    app: Application, *, accumulate: bool = True, rebatch_in_place: bool = False
+) -> ElasticSpec:
     """The ``elastic`` section an elastic version of ``app`` would be submitted with."""
     if app.name in ONE_GPU:
         batch = FIXED_BATCH[app.name]
@@ -67,6 +70,7 @@ def elastic_spec(app: Application, *, accumulate: bool = True) -> ElasticSpec:
         batch_size=IntRange(min=app.init_batch_size, max=app.max_batch_size),
         local_batch_size=IntRange(min=app.min_local_bsz, max=app.max_local_bsz),
         accumulate_gradients=accumulate,
+        rebatch_in_place=rebatch_in_place,
     )
 
 
@@ -105,6 +109,8 @@ class FfdlElastic:
     fairness_after_s: float = _default("fairness_after_s")
     min_rescale_interval_s: float = _default("min_rescale_interval_s")
     accumulate: bool = True
+    # Batch-only changes taken without a restart (``elastic.rebatch_in_place``).
+    rebatch_in_place: bool = False
 
     def optimize(
         self,
@@ -121,7 +127,11 @@ class FfdlElastic:
                 JobState(
                     id=key,
                     priority=0,
-                    elastic=elastic_spec(job.application, accumulate=self.accumulate),
+                    elastic=elastic_spec(
+                        job.application,
+                        accumulate=self.accumulate,
+                        rebatch_in_place=self.rebatch_in_place,
+                    ),
                     gpus_per_learner=1,
                     current_gpus=len(current.get(key, [])),
                     current_batch=job.target_batch,
@@ -143,9 +153,12 @@ class FfdlElastic:
         )
         allocations = {k: list(v) for k, v in current.items() if k in jobs}
         batches: dict[str, int] = {}
+        in_place: set[str] = set()
         for decision in decisions:
             if decision.to_batch is not None:
                 batches[decision.job_id] = decision.to_batch
+            if decision.in_place:
+                in_place.add(decision.job_id)
             if decision.to_gpus != decision.from_gpus:
                 allocations.pop(decision.job_id, None)
         free = [gpus_per_node] * nodes
@@ -155,4 +168,4 @@ class FfdlElastic:
         for decision in decisions:
             if decision.to_gpus > 0 and decision.job_id not in allocations:
                 allocations[decision.job_id] = pack(decision.to_gpus, free, gpus_per_node)
-        return RoundPlan(allocations, batches)
+        return RoundPlan(allocations, batches, in_place)

@@ -36,6 +36,8 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "ffdl-nohold": lambda: FfdlElastic(name="ffdl-nohold", min_rescale_interval_s=0.0),
     # The same without gradient accumulation, to measure what it brings.
     "ffdl-noaccum": lambda: FfdlElastic(name="ffdl-noaccum", accumulate=False),
+    # The same taking batch-only changes without a restart, as Pollux's agents do.
+    "ffdl-inplace": lambda: FfdlElastic(name="ffdl-inplace", rebatch_in_place=True),
 }
 # What a policy without shipped results of its own is compared with.
 REFERENCE = "pollux"
