@@ -1,15 +1,20 @@
-"""``ffdl db upgrade|status``: the store's schema, without a running server.
+"""``ffdl db upgrade|status|backup|restore``: the store's schema and its backups, without a
+running server.
 
-Both read the platform's settings as ``ffdl up`` does (``--home``, its ``config.yaml``,
+All read the platform's settings as ``ffdl up`` does (``--home``, its ``config.yaml``,
 ``FFDL_*``), so they act on the database ``ffdl up`` would open; ``--database-url``
 overrides it. ``ffdl up`` upgrades at start anyway; ``ffdl db upgrade`` lets an operator
 migrate first (say before a rolling restart of replicas), and ``status`` says where the
-schema stands. A developer's ``ffdl db revision -m MESSAGE`` (hidden) drafts a migration
-from the difference between the models and the head revision.
+schema stands. ``backup`` and ``restore`` copy a SQLite database consistently
+(``ffdl.server.store.backup``; PostgreSQL has pg_dump). A developer's ``ffdl db revision
+-m MESSAGE`` (hidden) drafts a migration from the difference between the models and the
+head revision.
 """
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -27,7 +32,7 @@ console = Console(highlight=False, markup=False)
 err_console = Console(stderr=True, highlight=False, markup=False)
 
 db_app = typer.Typer(
-    help="The platform database's schema: status and upgrade (no server needed).",
+    help="The platform database: schema status and upgrade, backup and restore.",
     no_args_is_help=True,
 )
 
@@ -151,3 +156,72 @@ def revision_command(
     for made in scripts:
         if made is not None:
             console.print(f"wrote {made.path}", soft_wrap=True)
+
+
+BackupFile = Annotated[Path, typer.Argument(metavar="FILE", help="The backup file.")]
+Force = Annotated[bool, typer.Option("--force", help="Replace what is there.")]
+
+
+def _sqlite_file(store: Store, action: str) -> Path:
+    path = store.path
+    store.dispose()
+    if path is None:
+        _fail(
+            f"{action} works on a SQLite database; {store.address} is PostgreSQL: use "
+            "pg_dump -Fc and pg_restore (README: Backups and restores)"
+        )
+    return path
+
+
+@db_app.command("backup")
+def backup_command(
+    file: BackupFile, home: Home = None, database_url: DatabaseUrl = None, force: Force = False
+) -> None:
+    """Copy the SQLite database to FILE, consistently, while the platform runs or not.
+
+    Keep HOME/jobs and HOME/secret.key with it: they are not in the database.
+    """
+    from ffdl.server.store.backup import BackupError, backup
+
+    source = _sqlite_file(_open(home, database_url), "backup")
+    started = time.monotonic()
+    try:
+        copied = backup(source, file, force=force)
+    except BackupError as exc:
+        _fail(str(exc))
+    took = time.monotonic() - started
+    console.print(
+        f"backed up {source} to {file} in {took:.1f} s: {copied.describe()}", soft_wrap=True
+    )
+    console.print(
+        f"not in it, copy them too: {source.parent / 'jobs'} (the jobs' files) and "
+        f"{source.parent / 'secret.key'} (tokens and credentials are sealed with it)",
+        soft_wrap=True,
+    )
+
+
+@db_app.command("restore")
+def restore_command(
+    file: BackupFile, home: Home = None, database_url: DatabaseUrl = None, force: Force = False
+) -> None:
+    """Replace the SQLite database with the backup FILE (the platform stopped).
+
+    Refused while the platform runs on it, and when it holds jobs unless --force; it is
+    replaced whole, never merged. Put the backup's HOME/jobs and HOME/secret.key back too.
+    """
+    from ffdl.server.store.backup import BackupError, restore
+
+    store = _open(home, database_url)
+    target = _sqlite_file(store, "restore")
+    try:
+        restored = restore(file, target, force=force, alive_within=timedelta(seconds=30))
+    except BackupError as exc:
+        _fail(str(exc))
+    console.print(f"restored {target} from {file}: {restored.describe()}", soft_wrap=True)
+    missing = [p for p in (target.parent / "jobs", target.parent / "secret.key") if not p.exists()]
+    if missing:
+        console.print(
+            f"put back from the backup too: {' and '.join(str(p) for p in missing)}; "
+            "then ffdl up (running jobs restart from their checkpoints, as after a crash)",
+            soft_wrap=True,
+        )

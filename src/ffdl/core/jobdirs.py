@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,14 +99,29 @@ class JobDirs:
 
     def _link_ffdl_paths(self, num_learners: int, *, sandboxed: bool) -> None:
         """RESULT_BUCKET_DIR/<training id> → the results; ``$JOB_STATE_DIR/logs``: where the
-        sandbox binds the learner's logs, or without one a link to the single learner's."""
+        sandbox binds the learner's logs, or without one a link to the single learner's.
+
+        The links are relative, so a job's directory still works once its home is moved or
+        restored elsewhere; a link left pointing elsewhere (an older home's absolute path)
+        is made again, and so is a copy of the results a copy that followed links left in
+        the link's place."""
         self.result_bucket.mkdir(mode=0o755, exist_ok=True)
         link = self.result_bucket / self.root.name
-        if not link.is_symlink():
-            link.symlink_to(self.results)
+        if not _links_to(link, self.results):
+            if link.is_symlink():
+                link.unlink()
+            elif link.is_dir():
+                shutil.rmtree(link)
+            link.symlink_to(os.path.relpath(self.results, link.parent))
+        if self.state_logs.is_symlink() and not _links_to(self.state_logs, self.logs(1)):
+            self.state_logs.unlink()
         if os.path.lexists(self.state_logs):
             return
         if not sandboxed and num_learners == 1:
-            self.state_logs.symlink_to(self.logs(1))
+            self.state_logs.symlink_to(os.path.relpath(self.logs(1), self.state_logs.parent))
         else:
             self.state_logs.mkdir(mode=0o755)
+
+
+def _links_to(link: Path, target: Path) -> bool:
+    return link.is_symlink() and link.resolve() == target.resolve()
