@@ -247,13 +247,12 @@ def test_a_job_left_waiting_too_long_takes_turns_with_a_running_one(tmp_path: Pa
 
 # Reads its batch again at every epoch, as a training loop that rebatches in place does.
 REBATCHING = """
-import sys, time
+import os, sys, time
 from ffdl.sdk.api import context, report, should_stop
 
 first = context()
 me, batch = first.learner_id, first.batch_size
-print(f"learner {me} start batch={batch} attempt={__import__('os').environ['FFDL_ATTEMPT']}",
-      flush=True)
+print(f"learner {me} start batch={batch} attempt={os.environ['FFDL_ATTEMPT']}", flush=True)
 step = 0
 for epoch in range(1, 400):
     now = context()

@@ -104,22 +104,32 @@ def backup(source: Path, target: Path, *, force: bool = False) -> DatabaseSummar
         raise BackupError(f"{target}: exists; choose another file, or replace it with --force")
     if not target.parent.is_dir():
         raise BackupError(f"{target.parent}: no such directory")
-    partial = target.with_name(f".{target.name}.partial")
+    partial = _copy_beside(source, target, ".partial")
+    os.replace(partial, target)
+    return summarize(target, check=True)
+
+
+def _copy_beside(source: Path, target: Path, suffix: str) -> Path:
+    """``source`` copied to a new file beside ``target``, not yet in its place: one step of
+    SQLite's backup API (one read transaction, so a copy of one moment), in a single file
+    whatever journal mode the source has. The replicas it saw running belong to the
+    platform it was taken from: in the copy they are stopped, or a restore would take them
+    for running ones."""
+    partial = target.with_name(f".{target.name}{suffix}")
     partial.unlink(missing_ok=True)
     with _read_only(source) as connection:
         copy = sqlite3.connect(partial)
         try:
-            # One step: the whole copy is one read transaction, so it is of one moment.
             connection.backup(copy, pages=-1)
-            # A single file, whatever journal mode the copy inherited.
             copy.execute("PRAGMA journal_mode=DELETE")
+            with copy, contextlib.suppress(sqlite3.OperationalError):  # no replicas table yet
+                copy.execute("UPDATE replicas SET stopped_at = seen_at WHERE stopped_at IS NULL")
         except sqlite3.Error as exc:
             partial.unlink(missing_ok=True)
             raise BackupError(f"{target}: could not be written ({exc})") from None
         finally:
             copy.close()
-    os.replace(partial, target)
-    return summarize(target, check=True)
+    return partial
 
 
 def running_replicas(path: Path, *, alive_within: timedelta) -> list[str]:
@@ -177,21 +187,7 @@ def restore(
                 "(nothing is merged): use --force to do that"
             )
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.restoring")
-    partial.unlink(missing_ok=True)
-    with _read_only(backup_file) as connection:
-        copy = sqlite3.connect(partial)
-        try:
-            connection.backup(copy, pages=-1)
-            # The replicas the backup saw running belong to the platform it was taken from:
-            # here they are stopped, or a restore again would take them for running ones.
-            with copy, contextlib.suppress(sqlite3.OperationalError):  # no replicas table yet
-                copy.execute("UPDATE replicas SET stopped_at = seen_at WHERE stopped_at IS NULL")
-        except sqlite3.Error as exc:
-            partial.unlink(missing_ok=True)
-            raise BackupError(f"{target}: could not be written ({exc})") from None
-        finally:
-            copy.close()
+    partial = _copy_beside(backup_file, target, ".restoring")
     # The old database's write-ahead log and index belong to it alone: left beside the
     # restored file, SQLite would replay them into it.
     for suffix in ("-wal", "-shm"):
