@@ -3,14 +3,17 @@ caller gets its own result or exception, and a failing write takes no other down
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from sqlalchemy import event, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from ffdl.server.store.availability import DatabaseFull
 from ffdl.server.store.db import Store
 from ffdl.server.store.group_commit import GroupCommit
 from tests.integration.live import wait_for
@@ -125,3 +128,22 @@ def test_a_group_whose_transaction_fails_runs_each_write_alone(store: Store) -> 
     # The gate's group, then the good write alone: the failed group and the poisoned
     # write alone never committed.
     assert (group.commits, group.writes) == (2, 2)
+
+
+def test_the_database_failing_under_one_write_fails_its_transaction_not_just_the_write(
+    store: Store,
+) -> None:
+    """A database fault inside one write's savepoint (here a full disk; on PostgreSQL a
+    lost connection, after which nothing in the transaction can commit) is not that
+    write's own failure to swallow: the transaction fails, and the caller gets the
+    platform's answer for the fault (507 here, 503 for a database away)."""
+    group = GroupCommit(store)
+
+    def hits_a_full_disk(session: Session) -> None:
+        session.execute(text("INSERT INTO rows VALUES (3, 3)"))
+        raise OperationalError("INSERT", {}, sqlite3.OperationalError("database or disk is full"))
+
+    with pytest.raises(DatabaseFull):
+        group.run("full", hits_a_full_disk)
+    with store.read() as session:
+        assert session.execute(text("SELECT count(*) FROM rows")).scalar() == 0

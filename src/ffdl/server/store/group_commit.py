@@ -11,8 +11,9 @@ are committed together, as PostgreSQL groups its own WAL flushes:
   order, sorted by ``key`` so that groups in several replicas lock rows in one order) and
   runs each in its own savepoint of one transaction, then commits once;
 - a write that raises rolls back its savepoint only: its caller gets that exception, the
-  others' writes commit. Observations waiting for the commit (``telemetry.instruments``)
-  of the writes that stay are kept;
+  others' writes commit (unless what it raised is the database going away or its disk
+  filling up: that fails the transaction, as below). Observations waiting for the commit
+  (``telemetry.instruments``) of the writes that stay are kept;
 - if the transaction fails as a whole (the database away, a deadlock between replicas),
   each write of the group runs again alone, so that one write never fails another's;
 - writes queued meanwhile form the next group, led by one of their own threads.
@@ -30,6 +31,7 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import Unavailable
+from ffdl.server.store.availability import fault_of
 from ffdl.server.store.db import Store
 from ffdl.server.telemetry.instruments import PENDING_OBSERVATIONS
 
@@ -119,6 +121,11 @@ class GroupCommit:
                     with session.begin_nested():
                         write.result = write.work(session)
                 except Exception as exc:  # the caller's to handle; the others commit
+                    if fault_of(exc, self._store.dialect) is not None:
+                        # The database went away (or its disk filled) under this write: the
+                        # transaction's trouble, answered as such (``Store.write``), not
+                        # this write's to swallow while the others try to commit.
+                        raise
                     write.error = exc
                     session.info[PENDING_OBSERVATIONS] = kept
         self.commits += 1
