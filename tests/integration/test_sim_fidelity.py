@@ -4,10 +4,11 @@ Twenty jobs (each ``python -c "import time; time.sleep(D)"``, D from 1 to 2.5 s,
 or two learners of one or two GPUs, mixed priorities) go through a real server on two declared
 nodes of 2 GPUs, so most of them queue. The simulator then replays the same arrivals (the
 server's submission times) with each job lasting its scripted sleep plus one fixed start
-overhead, measured once beforehand through the same server on a chain of four one-second
-jobs that each take the whole cluster: what the chain takes beyond its sleeps, per job
-(noticing the previous job ended, placement, deployment, controller start, staging, status
-reporting). Measured run times of the twenty jobs are not used. The start order must be the
+overhead, measured once beforehand through the same server on a chain of five one-second
+jobs that each take the whole cluster: the median of what each link of the chain takes
+beyond its sleep (noticing the previous job ended, placement, deployment, controller start,
+staging, status reporting). The median, because one link slowed by a busy machine would
+otherwise shift every simulated completion. Measured run times of the twenty jobs are not used. The start order must be the
 same, and every completion time (from the first submission) within 10%. The overhead is
 about 0.4-0.5 s per job on an idle machine.
 """
@@ -15,6 +16,7 @@ about 0.4-0.5 s per job on an idle machine.
 from __future__ import annotations
 
 import random
+import statistics
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -45,7 +47,7 @@ CONFIG = {
 }
 CPUS, MEMORY_MB = 1, 256
 CALIBRATION_SLEEP_S = 1.0
-CALIBRATION_JOBS = 4
+CALIBRATION_JOBS = 5
 TOLERANCE = 0.10
 
 
@@ -92,17 +94,21 @@ def manifest(job: dict[str, Any], name: str) -> str:
 def measure_overhead(server: LiveServer) -> float:
     """Seconds a queued job adds to its sleep, from a chain of whole-cluster jobs.
 
-    Each calibration job takes every GPU, so they run one after another; what the chain
-    takes beyond its sleeps, per job, is the overhead of one start in a queue: noticing the
-    previous job ended, placing and deploying, starting the controllers, reporting.
+    Each calibration job takes every GPU, so they run one after another; each link of the
+    chain (the first job's submission to its end, then one end to the next) is one sleep
+    plus the overhead of one start in a queue: noticing the previous job ended, placing and
+    deploying, starting the controllers, reporting.
     """
     probe = {"learners": 2, "gpus": 2, "sleep": CALIBRATION_SLEEP_S, "priority": 100}
     ids = [server.submit_ok(manifest(probe, f"calibration-{i}")) for i in range(CALIBRATION_JOBS)]
     first = server.model(ids[0])["training"]["training_status"]["submitted_at"]
-    last = server.wait_status(ids[-1], {"COMPLETED"}, timeout=60)
-    ended = last["training"]["training_status"]["completed_at"]
-    chain = stamp(ended) - stamp(first)
-    return (chain - CALIBRATION_JOBS * CALIBRATION_SLEEP_S) / CALIBRATION_JOBS
+    server.wait_status(ids[-1], {"COMPLETED"}, timeout=60)
+    ends = [
+        stamp(server.model(job_id)["training"]["training_status"]["completed_at"])
+        for job_id in ids
+    ]
+    links = [b - a for a, b in zip([stamp(first), *ends[:-1]], ends, strict=True)]
+    return statistics.median(links) - CALIBRATION_SLEEP_S
 
 
 def test_simulator_matches_the_platform_on_queued_gangs(tmp_path: Path) -> None:
