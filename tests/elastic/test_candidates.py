@@ -53,6 +53,14 @@ def test_the_manifests_ranges_reach_the_optimizer_clamped_to_the_cluster() -> No
     assert not made.hold
 
 
+def test_the_jobs_age_and_restarts_reach_the_optimizer() -> None:
+    assert candidate(state()).job.age_s is None
+    made = candidate(state(current_gpus=4, age_s=900.0, restarts=2))
+    assert (made.job.age_s, made.job.restarts) == (900.0, 2)
+    # A clock a moment behind the submission stamp is no negative age.
+    assert candidate(state(age_s=-0.5)).job.age_s == 0.0
+
+
 def test_gangs_of_two_gpus_get_ranges_in_whole_learners() -> None:
     made = candidate(state(elastic=spec(gpus=IntRange(min=3, max=63)), gpus_per_learner=2))
     assert made.job.gpu_range == (4, 62)

@@ -12,11 +12,14 @@ from ffdl.elastic.candidates import batch_choice
 from ffdl.elastic.efficiency import GradientStats
 from ffdl.elastic.optimizer import (
     MAX_GPU_CHOICES,
+    OBJECTIVES,
     ElasticJob,
+    Objective,
     Plan,
     batch_candidates,
     gpu_candidates,
     optimize,
+    restart_share,
     useful_progress,
 )
 from ffdl.elastic.throughput import ThroughputModel
@@ -87,14 +90,15 @@ def _scaling_job(gamma: float) -> ElasticJob:
     )
 
 
+@pytest.mark.parametrize("objective", OBJECTIVES)
 @pytest.mark.parametrize("gamma", [0.001, 0.05, 0.1, 0.2])
 @pytest.mark.parametrize("penalty", [0.0, 0.05, 0.1, 0.3])
 def test_restart_penalty_blocks_exactly_the_changes_that_gain_less(
-    gamma: float, penalty: float
+    gamma: float, penalty: float, objective: Objective
 ) -> None:
     job = _scaling_job(gamma)
     gain = useful_progress(job, 4, 256) / useful_progress(job, 2, 256) - 1.0
-    plan = optimize([job], 4, restart_penalty=penalty)
+    plan = optimize([job], 4, restart_penalty=penalty, objective=objective)
     assert (plan.changed == ("training-a",)) == (gain > penalty)
     assert allocation_of(plan, "training-a")[0] == (4 if gain > penalty else 2)
 
@@ -105,6 +109,43 @@ def test_small_gain_is_not_worth_a_restart_but_a_large_one_is() -> None:
     assert optimize([small], 4).changed == ()
     assert optimize([large], 4).changed == ("training-a",)
     assert optimize([small], 4, restart_penalty=0.0).changed == ("training-a",)
+
+
+def test_a_restart_is_charged_against_the_jobs_age_and_its_restarts() -> None:
+    job = _scaling_job(gamma=0.11)  # 4 GPUs gain about 5%: worth it only to an old job
+    assert restart_share(job, 0.1, None) == 0.1
+    assert restart_share(job, 0.1, 30.0) == 0.1  # no age known: the flat share
+    assert restart_share(replace(job, age_s=0.0), 0.1, 30.0) == 1.0
+    assert restart_share(replace(job, age_s=90.0, restarts=1), 0.1, 30.0) == 0.5
+    assert restart_share(replace(job, age_s=10.0, restarts=4), 0.1, 30.0) == 1.0
+
+    def changed(**facts: float) -> bool:
+        plan = optimize([replace(job, **facts)], 4, restart_cost_s=30.0)  # type: ignore[arg-type]
+        return plan.changed == ("training-a",)
+
+    assert changed(age_s=1200.0)  # 30 / 1230 of its progress: less than the gain
+    assert not changed(age_s=300.0)  # 30 / 330: more than the gain
+    assert not changed(age_s=1200.0, restarts=2)  # 90 / 1230 for one restarted twice
+    # A gain of about 90% is worth even a young job's restart.
+    assert optimize([replace(_scaling_job(0.001), age_s=60.0)], 4, restart_cost_s=30.0).changed
+
+
+def test_the_proportional_objective_gives_a_newcomer_what_the_sum_leaves_to_a_scaling_job() -> None:
+    linear = ThroughputModel(alpha=0.0, beta=0.002, gamma=0.0, delta=0.0)
+    poor = ThroughputModel(alpha=0.005, beta=0.002, gamma=0.3, delta=0.0)
+    jobs = [
+        make_job("training-run", model=linear, batch_range=None, current_gpus=8),
+        make_job("training-new", model=poor, batch_range=None),
+    ]
+    summed = optimize(jobs, 8, objective="throughput")
+    assert [a.gpus for a in summed.allocations] == [8, 0]
+    shared = optimize(jobs, 8, objective="proportional")
+    assert allocation_of(shared, "training-new")[0] >= 1
+    assert allocation_of(shared, "training-run")[0] >= 4, "the better-scaling job keeps more"
+    # With GPUs to spare nothing is taken from the running job for the newcomer.
+    roomy = optimize(jobs, 16, objective="proportional")
+    assert allocation_of(roomy, "training-run")[0] == 8
+    assert allocation_of(roomy, "training-new")[0] >= 1
 
 
 def test_ties_keep_current_allocations() -> None:
@@ -144,6 +185,28 @@ def test_a_long_waiting_queued_job_is_admitted_at_its_minimum() -> None:
     assert allocation_of(starved, "training-wait")[0] == 4
     assert allocation_of(starved, "training-run")[0] == 4
     assert starved.changed == ("training-run",)
+
+
+def test_a_newcomer_is_admitted_by_shrinking_after_admit_after_s_but_stops_no_job() -> None:
+    jobs, _ = _contest(waited_s=61.0)
+    plan = optimize(jobs, 8, fairness_after_s=FAIRNESS_AFTER_S, admit_after_s=60.0)
+    assert allocation_of(plan, "training-wait")[0] == 4
+    assert allocation_of(plan, "training-run")[0] == 4
+    early = optimize(
+        [replace(jobs[1], waited_s=59.0), jobs[0]],
+        8,
+        fairness_after_s=FAIRNESS_AFTER_S,
+        admit_after_s=60.0,
+    )
+    assert allocation_of(early, "training-wait")[0] == 0
+    # Shrinking cannot make room: the running job keeps its GPUs, however long it ran,
+    # until the newcomer has waited fairness_after_s (and then at no lower a priority).
+    held = [replace(jobs[0], gpu_range=(8, 8), running_s=1e6), replace(jobs[1], priority=50)]
+    kept = optimize(held, 8, fairness_after_s=FAIRNESS_AFTER_S, admit_after_s=60.0)
+    assert allocation_of(kept, "training-run")[0] == 8 and kept.yielded == ()
+    held[1] = replace(jobs[1], waited_s=FAIRNESS_AFTER_S + 1, priority=50)
+    turned = optimize(held, 8, fairness_after_s=FAIRNESS_AFTER_S, admit_after_s=60.0)
+    assert turned.yielded == ("training-run",)
 
 
 def test_a_starved_job_that_cannot_fit_waits_without_harm() -> None:
@@ -310,6 +373,8 @@ def test_a_cluster_sized_problem_is_solved_within_its_constraints() -> None:
         {"batch_range": (256, 1024)},
         {"current_gpus": -1},
         {"current_batch": 0},
+        {"age_s": -1.0},
+        {"restarts": -1},
     ],
 )
 def test_invalid_jobs_are_rejected(overrides: dict[str, object]) -> None:
@@ -324,6 +389,12 @@ def test_invalid_calls_are_rejected() -> None:
         optimize([make_job()], -1)
     with pytest.raises(ValueError):
         optimize([make_job()], 8, restart_penalty=-0.1)
+    with pytest.raises(ValueError, match="restart_cost_s"):
+        optimize([make_job()], 8, restart_cost_s=-1.0)
+    with pytest.raises(ValueError, match="admit_after_s"):
+        optimize([make_job()], 8, admit_after_s=-1.0)
+    with pytest.raises(ValueError, match="objective must be one of throughput, proportional"):
+        optimize([make_job()], 8, objective="fastest")  # type: ignore[arg-type]
     assert optimize([], 8) == Plan(allocations=(), objective=0.0, changed=())
 
 

@@ -8,9 +8,9 @@ overhead, measured once beforehand through the same server on a chain of five on
 jobs that each take the whole cluster: the median of what each link of the chain takes
 beyond its sleep (noticing the previous job ended, placement, deployment, controller start,
 staging, status reporting). The median, because one link slowed by a busy machine would
-otherwise shift every simulated completion. Measured run times of the twenty jobs are not used. The start order must be the
-same, and every completion time (from the first submission) within 10%. The overhead is
-about 0.4-0.5 s per job on an idle machine.
+otherwise shift every simulated completion. Measured run times of the twenty jobs are not
+used. The start order must be the same, and every completion time (from the first
+submission) within 10%. The overhead is about 0.4-0.5 s per job on an idle machine.
 """
 
 from __future__ import annotations
@@ -104,8 +104,7 @@ def measure_overhead(server: LiveServer) -> float:
     first = server.model(ids[0])["training"]["training_status"]["submitted_at"]
     server.wait_status(ids[-1], {"COMPLETED"}, timeout=60)
     ends = [
-        stamp(server.model(job_id)["training"]["training_status"]["completed_at"])
-        for job_id in ids
+        stamp(server.model(job_id)["training"]["training_status"]["completed_at"]) for job_id in ids
     ]
     links = [b - a for a, b in zip([stamp(first), *ends[:-1]], ends, strict=True)]
     return statistics.median(links) - CALIBRATION_SLEEP_S

@@ -93,6 +93,29 @@ def test_ray_timings_must_be_positive(tmp_path: Path, field: str) -> None:
         Settings.model_validate({"home": tmp_path, field: 0})
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("elastic_objective", "fastest"),
+        ("restart_cost_s", -1),
+        ("restart_penalty", -0.1),
+        ("admit_after_s", -5),
+    ],
+)
+def test_elastic_policy_settings_out_of_range_are_refused_by_name(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    with pytest.raises(ValidationError, match=field):
+        Settings.model_validate({"home": tmp_path, field: value})
+
+
+def test_the_elastic_policy_defaults(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path)
+    assert settings.elastic_objective == "proportional"
+    assert (settings.restart_cost_s, settings.admit_after_s) == (30.0, 60.0)
+    assert Settings(home=tmp_path, restart_cost_s=None).restart_cost_s is None
+
+
 def test_the_backend_is_read_from_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ffdl.elastic.optimizer import DEFAULT_GPUS_PER_NODE, ElasticJob, optimize
+from ffdl.elastic.optimizer import DEFAULT_GPUS_PER_NODE, ElasticJob, Objective, optimize
 from ffdl.elastic.plan import RescaleDecision, diff
 
 
@@ -40,6 +40,9 @@ def autoscale(
     fixed_batch: bool = False,
     fairness_after_s: float = 600.0,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    restart_cost_s: float | None = None,
+    admit_after_s: float | None = None,
+    objective: Objective = "throughput",
 ) -> list[RescaleDecision]:
     """Decisions for ``candidates`` sharing ``capacity`` GPUs (empty when nothing changes)."""
     if not candidates:
@@ -52,6 +55,9 @@ def autoscale(
         fixed_batch=fixed_batch,
         fairness_after_s=fairness_after_s,
         gpus_per_node=gpus_per_node,
+        restart_cost_s=restart_cost_s,
+        admit_after_s=admit_after_s,
+        objective=objective,
     )
     return diff(jobs, plan, gpus_per_node=gpus_per_node)
 

@@ -33,6 +33,8 @@ class JobState:
     since_change_s: float  # since its last status change (start, restart, rescale)
     epoch: int | None = None  # the epoch it reported last, for ``elastic.schedule``
     pinned_gpus: int | None = None  # ``ffdl scale``
+    age_s: float | None = None  # since it was submitted
+    restarts: int = 0  # restarts of a running job since its first start, rescales included
 
 
 def batch_choice(elastic: ElasticSpec, gpu_cap: int) -> tuple[tuple[int, int] | None, int]:
@@ -98,6 +100,8 @@ def elastic_candidate(
             current_batch=(state.current_batch or base_batch) if gpus else None,
             waited_s=0.0 if gpus else max(state.since_change_s, 0.0),
             running_s=max(state.since_change_s, 0.0) if gpus else 0.0,
+            age_s=None if state.age_s is None else max(state.age_s, 0.0),
+            restarts=state.restarts,
         ),
         pinned_gpus=pinned,
         hold=hold,

@@ -9,6 +9,21 @@ Choose for every job ``j`` a GPU count ``g_j`` and a batch size ``b_j`` maximisi
 
     sum_j  w_j * (U_j(g_j) - penalty_j(g_j, b_j))      subject to  sum_j g_j <= total_gpus
 
+with ``objective="throughput"``, or with ``objective="proportional"`` (the live default)::
+
+    sum_j  w_j * log(U_j(g_j) - penalty_j(g_j, b_j))
+
+The logarithm is proportional fairness, the power mean of speed-ups with p -> 0, between
+the sum (p = 1) and Pollux's p = -1: a GPU goes to the job it speeds up by the largest
+*factor*, so a job's first GPU is worth far more than a well-scaling job's thirtieth, and
+the best-scaling jobs no longer take most of the cluster while the others crawl. On
+Pollux's workloads the sum gave imagenet 61-75% of GPU-time and left every other class
+1.5-3x slower than under Pollux; p = -1 cut average JCT but let long jobs fall behind on
+p99 (``docs/simulations``, section 7). Below a speed-up of ``_LOG_FLOOR`` the logarithm
+goes on as its tangent, so that no GPUs and a net loss stay finite and ordered. A job's
+weight and its restart penalty enter as they do in the sum, so for one job alone both
+objectives rescale it at exactly the same gains.
+
 * ``g_j`` is 0 or a multiple of ``gpus_per_learner`` inside ``gpu_range`` (a gang of whole
   learners). Long ranges are thinned to at most ``MAX_GPU_CHOICES`` geometrically spaced
   values that always include the range's ends and the job's current count, plus the counts
@@ -52,13 +67,22 @@ Choose for every job ``j`` a GPU count ``g_j`` and a batch size ``b_j`` maximisi
   batch while it runs (``rebatch_in_place``) pays a tenth of that for a batch-only change
   (``REBATCH_IN_PLACE_SHARE``): no restart, but a fitted model's noise should not flip its
   batch back and forth.
+  With ``restart_cost_s`` (the live autoscaler's default), the share is the job's own,
+  ``restart_cost_s * (restarts + 1) / (age_s + restart_cost_s)`` (``restart_share``), as
+  Pollux's restart factor has it: a restart costs a fixed time, so it is dear to a job that
+  has run briefly (its age is the best guess of the time it has left to gain back that
+  cost) and to one that has restarted often, and cheap to one that has run for hours. On
+  Pollux's workloads a flat share kept long jobs on a size they had outgrown and moved
+  young ones for gains they did not live to collect (``docs/simulations``, section 7).
 
 Fairness is lexicographic on top of the objective, in this order:
 
 1. A running job keeps at least its minimum: dropping it to 0 costs more than any other gain,
    so it happens only when the running jobs' minimums alone exceed the cluster (as many as
    possible are kept; preemption proper is the scheduler's job) -- or for rule 2.
-2. A queued job that has waited more than ``fairness_after_s`` (it is *starved*) is admitted
+2. A queued job that has waited more than ``admit_after_s`` is admitted by shrinking other
+   jobs toward their minimums whenever that makes room; one that has waited more than
+   ``fairness_after_s`` (it is *starved*) is admitted
    (at its minimum if need be, shrinking other jobs toward theirs) whenever it can fit:
    admission earns a bonus ``A`` larger than any possible difference in the objective. Its
    GPUs beyond the minimum are worth only their normal weight, so a starved job does not
@@ -69,7 +93,10 @@ Fairness is lexicographic on top of the objective, in this order:
    job admitted and never more, and only when shrinking others to their minimums leaves no
    room. Waiting is thereby bounded: at the worst, jobs take turns of ``fairness_after_s``
    on the GPUs (as time-sharing schedulers do), instead of a job waiting until a long job
-   ends while every running job sits at its minimum.
+   ends while every running job sits at its minimum. ``admit_after_s`` (by default
+   ``fairness_after_s``) is the shorter bound of the two: a newcomer gets a share of GPUs
+   that running jobs can spare within a round or two, as under Pollux, while stopping a
+   job for it waits for the longer one.
 
 ``Plan.objective`` reports the objective above, without the fairness bonuses.
 
@@ -101,6 +128,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -110,6 +138,8 @@ from ffdl.elastic.efficiency import GradientStats, efficiencies_for, efficiency,
 from ffdl.elastic.goodput import GoodputModel, goodput_at
 from ffdl.elastic.throughput import FloatArray, ThroughputModel, step_times
 
+Objective = Literal["throughput", "proportional"]
+OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
 MAX_GPU_CHOICES = 16
 DEFAULT_GPUS_PER_NODE = 8
 # What a batch-only change of a job that rebatches in place costs, as a share of a restart's.
@@ -147,6 +177,10 @@ class ElasticJob:
     current_batch: int | None = None  # None while running means base_batch
     waited_s: float = 0.0  # time since the job last made progress (fairness)
     running_s: float = 0.0  # time since a running job last started or was resized (fairness)
+    # Seconds since it was submitted, and the restarts it has taken (rescales included):
+    # with ``restart_cost_s``, what a rescale costs it (``restart_share``).
+    age_s: float | None = None
+    restarts: int = 0
     # Work left, when known: not part of the objective; plan.diff uses it to show ETAs.
     remaining_samples: float | None = None
 
@@ -172,6 +206,10 @@ class ElasticJob:
             raise ValueError(f"job {self.id}: current_gpus must be >= 0")
         if self.current_batch is not None and self.current_batch < 1:
             raise ValueError(f"job {self.id}: current_batch must be >= 1")
+        if self.age_s is not None and self.age_s < 0:
+            raise ValueError(f"job {self.id}: age_s must be >= 0")
+        if self.restarts < 0:
+            raise ValueError(f"job {self.id}: restarts must be >= 0")
 
     @property
     def running(self) -> bool:
@@ -207,6 +245,15 @@ class Plan:
     objective: float
     changed: tuple[str, ...]
     yielded: tuple[str, ...] = ()
+
+
+def restart_share(job: ElasticJob, restart_penalty: float, restart_cost_s: float | None) -> float:
+    """The share of its current progress a rescale costs ``job``: ``restart_penalty``, or,
+    with ``restart_cost_s`` and the job's age, ``restart_cost_s * (restarts + 1) / (age_s +
+    restart_cost_s)`` (at most 1)."""
+    if restart_cost_s is None or job.age_s is None:
+        return restart_penalty
+    return min(1.0, restart_cost_s * (job.restarts + 1) / (job.age_s + restart_cost_s))
 
 
 def priority_weight(priority: int) -> float:
@@ -314,6 +361,9 @@ def optimize(
     fairness_after_s: float = 600.0,
     fixed_batch: bool = False,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    restart_cost_s: float | None = None,
+    admit_after_s: float | None = None,
+    objective: Objective = "throughput",
 ) -> Plan:
     """Best GPUs and batch size for every job; see the module docstring for the objective.
 
@@ -324,6 +374,12 @@ def optimize(
         raise ValueError("total_gpus must be >= 0")
     if restart_penalty < 0:
         raise ValueError("restart_penalty must be >= 0")
+    if restart_cost_s is not None and restart_cost_s < 0:
+        raise ValueError("restart_cost_s must be >= 0")
+    if admit_after_s is not None and admit_after_s < 0:
+        raise ValueError("admit_after_s must be >= 0")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}")
     if batch_choices < 1:
         raise ValueError("batch_choices must be >= 1")
     if gpus_per_node < 1:
@@ -341,8 +397,15 @@ def optimize(
         batch_choices=batch_choices,
         fixed_batch=fixed_batch,
         gpus_per_node=gpus_per_node,
+        restart_cost_s=restart_cost_s,
+        proportional=objective == "proportional",
     )
-    preemptible = _add_fairness_terms(jobs, options, fairness_after_s)
+    preemptible = _add_fairness_terms(
+        jobs,
+        options,
+        fairness_after_s,
+        fairness_after_s if admit_after_s is None else admit_after_s,
+    )
     unit = math.gcd(*(job.gpus_per_learner for job in jobs))
     chosen = _solve(options, total_gpus // unit, unit)
 
@@ -356,13 +419,13 @@ def optimize(
         allocations.append(Allocation(job.id, g, batch if g else None, samples_per_s))
         if job.running and (g != job.current_gpus or (g and batch != job.effective_current_batch)):
             changed.append(job.id)
-    objective = float(options.utility[rows, chosen].sum())
+    achieved = float(options.utility[rows, chosen].sum())
     yielded = tuple(
         job.id for job, g, may in zip(jobs, gpus, preemptible, strict=True) if may and g == 0
     )
     return Plan(
         allocations=tuple(allocations),
-        objective=objective,
+        objective=achieved,
         changed=tuple(changed),
         yielded=yielded,
     )
@@ -376,6 +439,8 @@ def _evaluate(
     batch_choices: int,
     fixed_batch: bool,
     gpus_per_node: int,
+    restart_cost_s: float | None,
+    proportional: bool,
 ) -> _Options:
     """Value of every (job, GPU count) option, all jobs at once on a padded grid."""
     gpu_lists = [
@@ -456,7 +521,8 @@ def _evaluate(
     best_batch = np.take_along_axis(b, best_index[:, :, None], axis=2)[:, :, 0].astype(np.int64)
 
     running = current_gpus > 0
-    penalty = np.where(running, restart_penalty * current / reference, 0.0)
+    shares = np.array([restart_share(job, restart_penalty, restart_cost_s) for job in jobs])
+    penalty = np.where(running, shares * current / reference, 0.0)
     utility = weight[:, None] * (best_progress / reference[:, None] - penalty[:, None])
 
     # Keeping a running job's exact allocation costs no restart.
@@ -484,6 +550,8 @@ def _evaluate(
 
     none = np.zeros((len(jobs), 1))
     utility = np.hstack([none, utility])
+    if proportional:
+        utility = weight[:, None] * _log_speedup(utility / weight[:, None])
     return _Options(
         gpus=np.hstack([none.astype(np.int64), gpu_grid]),
         batches=np.hstack([none.astype(np.int64), np.where(exists.any(axis=2), best_batch, 0)]),
@@ -492,6 +560,19 @@ def _evaluate(
         value=utility.copy(),
         preferred=preferred,
     )
+
+
+# Below this speed-up the logarithm of the proportional objective goes on as its tangent.
+_LOG_FLOOR = 0.05
+
+
+def _log_speedup(speedup: FloatArray) -> FloatArray:
+    """log of a speed-up, continued below ``_LOG_FLOOR`` by its tangent so that no GPUs (0)
+    and a net loss after a restart's cost stay finite and keep their order."""
+    low = np.log(_LOG_FLOOR) + (speedup - _LOG_FLOOR) / _LOG_FLOOR
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logged = np.log(np.maximum(speedup, _LOG_FLOOR))
+    return np.where(np.isfinite(speedup), np.where(speedup >= _LOG_FLOOR, logged, low), speedup)
 
 
 def _with_filling_batches(
@@ -559,7 +640,7 @@ def _use_own_goodput(
 
 
 def _add_fairness_terms(
-    jobs: Sequence[ElasticJob], options: _Options, fairness_after_s: float
+    jobs: Sequence[ElasticJob], options: _Options, fairness_after_s: float, admit_after_s: float
 ) -> list[bool]:
     """Turn the fairness rules into bonuses that dominate every objective difference; the
     running jobs that may be stopped for a starved one."""
@@ -567,9 +648,11 @@ def _add_fairness_terms(
     finite = np.where(np.isfinite(utility), utility, 0.0)
     spread = 1.0 + float((utility.max(axis=1) - finite.min(axis=1)).sum())
     running = np.array([job.running for job in jobs])
-    starved = np.array([not job.running and job.waited_s > fairness_after_s for job in jobs])
+    waited = np.array([job.waited_s for job in jobs])
+    starved = ~running & (waited > fairness_after_s)
+    admitted = ~running & (waited > admit_after_s) & ~starved
     highest_starved = max(
-        (job.priority for job in jobs if not job.running and job.waited_s > fairness_after_s),
+        (job.priority for job, is_starved in zip(jobs, starved, strict=True) if is_starved),
         default=None,
     )
     preemptible = np.array(
@@ -581,14 +664,17 @@ def _add_fairness_terms(
             for job in jobs
         ]
     )
-    # With S the spread and n starved jobs: an admission earns A = (2n + 4) S; stopping a
-    # preemptible job costs A - 2S, so admitting m starved jobs pays for m stops and never
-    # m + 1 (m A - (m + 1)(A - 2S) < -S for every m <= n), whatever the objective says;
-    # stopping any other running job costs more than every admission together.
-    count = int(starved.sum())
+    # With S the spread and n jobs past either bound: an admission of a starved job earns
+    # A = (2n + 4) S and stopping a preemptible job costs A - 2S, so admitting m starved jobs
+    # pays for m stops and never m + 1, even with the 2S that each of k jobs past
+    # ``admit_after_s`` only earns (m A + 2k S - (m + 1)(A - 2S) < 0 for m + k <= n): those
+    # are admitted by shrinking others, never by stopping one. Stopping any other running
+    # job costs more than every admission together.
+    count = int((starved | admitted).sum())
     admit_bonus = (2.0 * count + 4.0) * spread
     drop_cost = admit_bonus * (count + 2)
     options.value[starved, 1:] += admit_bonus
+    options.value[admitted, 1:] += 2.0 * spread
     options.value[running & ~preemptible, 0] -= drop_cost
     options.value[preemptible, 0] -= admit_bonus - 2.0 * spread
     return [bool(may) for may in preemptible]

@@ -161,9 +161,20 @@ class Settings(BaseSettings):
 
     # Elastic scaling.
     autoscaler_interval_s: float = 30.0
-    restart_penalty: float = 0.1  # a rescale must gain this fraction of current progress
+    # What the elastic optimizer maximises: the sum of jobs' logarithmic speed-ups
+    # ("proportional") or of their speed-ups ("throughput"); see ffdl.elastic.optimizer.
+    elastic_objective: Literal["throughput", "proportional"] = "proportional"
+    # What a rescale (a checkpoint-restart) costs a job: ``restart_cost_s`` seconds, charged
+    # against the job's age (``ffdl.elastic.optimizer.restart_share``); None charges every
+    # job ``restart_penalty`` of its current progress instead.
+    restart_cost_s: float | None = Field(default=30.0, ge=0)
+    restart_penalty: float = Field(default=0.1, ge=0)
     min_rescale_interval_s: float = 120.0  # a job keeps a new size at least this long
-    fairness_after_s: float = 600.0  # a queued elastic job waiting longer is admitted first
+    # A queued elastic job waiting longer than ``admit_after_s`` gets GPUs that running
+    # elastic jobs give up down to their minimums; one waiting longer than
+    # ``fairness_after_s`` may also stop a running job that has had a turn as long.
+    admit_after_s: float = Field(default=60.0, ge=0)
+    fairness_after_s: float = 600.0
 
     # Learner sandbox (local backend): bubblewrap per learner, each job under its own uid
     # drawn from [sandbox_uid_base, sandbox_uid_base + sandbox_uid_count). Off only on the

@@ -145,7 +145,10 @@ class AutoscalerLoop:
                 candidates,
                 capacity,
                 restart_penalty=settings.restart_penalty,
+                restart_cost_s=settings.restart_cost_s,
                 fairness_after_s=settings.fairness_after_s,
+                admit_after_s=settings.admit_after_s,
+                objective=settings.elastic_objective,
                 gpus_per_node=max((n.gpus for n in nodes), default=1) or 1,
             )
         if decisions:
@@ -177,6 +180,8 @@ class AutoscalerLoop:
             since_change_s=now - epoch(job.status_changed_at),
             epoch=epoch_now,
             pinned_gpus=job.pinned_gpus,
+            age_s=now - epoch(job.submitted_at),
+            restarts=max(job.attempt - 1, 0) if gpus else 0,
         )
         return elastic_candidate(
             state,

@@ -4,8 +4,9 @@ Every round each active job becomes a candidate through ``elastic_candidate``, t
 the live autoscaler loop calls, with the manifest an elastic version of its application
 would carry: GPUs 1..64 (ncf: 1, at its fixed batch), batches from the smallest validated
 to the largest, per-GPU batch limits from what was profiled. ``autoscale`` decides, with the
-platform's default settings (restart penalty, fairness after 600 s, a job restarted less
-than ``min_rescale_interval_s`` ago held at its size). Its decisions are applied as the
+platform's default settings (a rescale's cost charged against the job's age, admission by
+shrinking after 60 s of waiting and turns after 600 s, a job restarted less than
+``min_rescale_interval_s`` ago held at its size). Its decisions are applied as the
 platform applies them: a job whose GPUs change restarts on GPUs packed best-fit onto the
 nodes (whole free nodes first for a job larger than one), and a job whose batch alone
 changes restarts where it is (with ``rebatch_in_place=True`` it takes the batch there
@@ -29,6 +30,7 @@ import numpy as np
 from ffdl.core.manifest import ElasticSpec, IntRange
 from ffdl.elastic.autoscale import autoscale
 from ffdl.elastic.candidates import JobState, elastic_candidate
+from ffdl.elastic.optimizer import Objective
 from ffdl.elastic.throughput import FloatArray, prior
 from ffdl.server.settings import Settings
 from ffdl.sim.faithful.engine import FIXED_BATCH, Allocation, JobInfo, RoundPlan
@@ -39,6 +41,9 @@ from ffdl.sim.faithful.traces import Application
 
 def _default(name: str) -> float:
     return float(Settings.model_fields[name].default)
+
+
+_DEFAULT_OBJECTIVE: Objective = Settings.model_fields["elastic_objective"].default
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,11 @@ class FfdlElastic:
     accumulate: bool = True
     # Batch-only changes taken without a restart (``elastic.rebatch_in_place``).
     rebatch_in_place: bool = False
+    # A rescale's cost charged against the job's age (None: ``restart_penalty`` flat), and
+    # how long a queued job waits before running jobs give up GPUs for it.
+    restart_cost_s: float | None = _default("restart_cost_s")
+    admit_after_s: float = _default("admit_after_s")
+    objective: Objective = _DEFAULT_OBJECTIVE
 
     def optimize(
         self,
@@ -136,6 +146,8 @@ class FfdlElastic:
                     current_gpus=len(current.get(key, [])),
                     current_batch=job.target_batch,
                     since_change_s=job.since_change_s,
+                    age_s=job.age,
+                    restarts=job.num_restarts,
                 ),
                 cluster_gpus=total,
                 min_rescale_interval_s=self.min_rescale_interval_s,
@@ -150,6 +162,9 @@ class FfdlElastic:
             restart_penalty=self.restart_penalty,
             fairness_after_s=self.fairness_after_s,
             gpus_per_node=gpus_per_node,
+            restart_cost_s=self.restart_cost_s,
+            admit_after_s=self.admit_after_s,
+            objective=self.objective,
         )
         allocations = {k: list(v) for k, v in current.items() if k in jobs}
         batches: dict[str, int] = {}

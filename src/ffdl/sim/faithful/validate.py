@@ -38,7 +38,17 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "ffdl-noaccum": lambda: FfdlElastic(name="ffdl-noaccum", accumulate=False),
     # The same taking batch-only changes without a restart, as Pollux's agents do.
     "ffdl-inplace": lambda: FfdlElastic(name="ffdl-inplace", rebatch_in_place=True),
+    # The same with the rules before the proportional objective, restarts charged by age
+    # and newcomers admitted after a minute.
+    "ffdl-before": lambda: FfdlElastic(
+        name="ffdl-before",
+        objective="throughput",
+        restart_cost_s=None,
+        admit_after_s=FfdlElastic.fairness_after_s,
+    ),
 }
+
+
 # What a policy without shipped results of its own is compared with.
 REFERENCE = "pollux"
 LOADS = ("0.5", "1.0", "2.0")
