@@ -52,6 +52,9 @@ def elastic_config(min_rescale_interval_s: float) -> dict[str, Any]:
         "nodes": TWO_NODES,
         "autoscaler_interval_s": 0.5,
         "min_rescale_interval_s": min_rescale_interval_s,
+        # What a restart costs here: about a second, not the default's half minute, so a
+        # job seconds old is charged as the optimizer would charge one of its real age.
+        "restart_cost_s": 1.0,
         "halt_grace_s": 5,
     }
 
