@@ -47,8 +47,6 @@ POLICIES: dict[str, Callable[[], Policy]] = {
         admit_after_s=FfdlElastic.fairness_after_s,
     ),
 }
-
-
 # What a policy without shipped results of its own is compared with.
 REFERENCE = "pollux"
 LOADS = ("0.5", "1.0", "2.0")
