@@ -202,17 +202,24 @@ def test_wrong_token_shows_the_token_form_with_the_reason(
     assert not browser.find_element(By.ID, "token-error").is_displayed()
 
 
-def test_an_unsandboxed_platform_says_so_on_health_and_the_dashboard(
+def test_an_unsandboxed_platform_in_clear_text_says_so_on_health_and_the_dashboard(
     tmp_path: Path, browser: WebDriver
 ) -> None:
-    config = {**FAST_CONFIG, "sandbox": False}
+    # Learners would send their job tokens to a non-loopback address over plain HTTP (a
+    # documentation address: no job runs, so nothing is sent there).
+    exposed = "http://192.0.2.7:8080"
+    config = {**FAST_CONFIG, "sandbox": False, "advertise_url": exposed}
     with serving(LiveServer(home=tmp_path / "bare", config=config)) as bare:
         health = httpx.get(f"{bare.url}/health", timeout=10).json()
         assert health["sandbox"] is False and "not sandboxed" in health["warning"]
+        assert health["tls"] is False and exposed in health["transport_warning"]
         assert "NOT SANDBOXED" in bare.log_tail(200)
+        assert "PLAIN HTTP: credentials cross the network in clear text" in bare.log_tail(200)
         browser.get(f"{bare.url}/")
         wait_for(lambda: browser.find_element(By.ID, "sandbox-warning").is_displayed())
         assert "--no-sandbox" in text_of(browser, "#sandbox-warning")
+        wait_for(lambda: browser.find_element(By.ID, "transport-warning").is_displayed())
+        assert "--tls-cert" in text_of(browser, "#transport-warning")
 
 
 def test_a_sandboxed_platform_shows_no_warning(server: LiveServer, browser: WebDriver) -> None:
@@ -220,3 +227,4 @@ def test_a_sandboxed_platform_shows_no_warning(server: LiveServer, browser: WebD
     browser.get(f"{server.url}/#token={server.token}")
     wait_for(lambda: browser.find_element(By.ID, "dashboard").is_displayed())
     assert not browser.find_element(By.ID, "sandbox-warning").is_displayed()
+    assert not browser.find_element(By.ID, "transport-warning").is_displayed()

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,7 @@ import yaml
 from websocket import ABNF
 
 from ffdl.client.http import KEEPALIVE_S as CLIENT_KEEPALIVE_S
+from ffdl.core.tls import client_context
 from ffdl.learner.cgroups import LearnerCgroup
 from ffdl.learner.sandbox import KILLED_HOLD_S, NETNS_PREFIX, remove_netns_if_unused
 
@@ -95,7 +97,14 @@ class LiveServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.config.get("tls_cert") else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        """How a client verifies this server: its ``ca_bundle``, when it serves HTTPS."""
+        ca_bundle = self.config.get("ca_bundle")
+        return client_context(Path(ca_bundle)) if ca_bundle else True
 
     @property
     def token(self) -> str:
@@ -109,6 +118,7 @@ class LiveServer:
                 headers={"Authorization": f"Bearer {self.token}"},
                 timeout=30,
                 limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_S),
+                verify=self.verify,
             )
         return self._client
 
@@ -130,7 +140,8 @@ class LiveServer:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited: {self.log_tail()}")
             try:
-                return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+                health = httpx.get(f"{self.url}/health", timeout=1, verify=self.verify)
+                return health.status_code == 200
             except httpx.HTTPError:
                 return False
 

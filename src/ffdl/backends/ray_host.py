@@ -200,7 +200,13 @@ class LearnerHost:
             fcntl.flock(lock, fcntl.LOCK_EX)
             dirs.create(self._num_learners, owner)
             if not (dirs.root / CODE_READY).exists():
-                fetch_code(spec.api_url, spec.job_token, spec.training_id, str(dirs.archive))
+                fetch_code(
+                    spec.api_url,
+                    spec.job_token,
+                    spec.training_id,
+                    str(dirs.archive),
+                    ca_pem=spec.ca_pem,
+                )
                 unpack_archive(dirs.archive, dirs.code)
                 if owner is not None:
                     hand_over(str(dirs.code), *owner)
@@ -315,6 +321,7 @@ class LearnerHost:
             training_id=str(raw["training_id"]),
             learner=self._learner,
             attempt=int(raw["attempt"]),
+            ca_pem=raw["ca_pem"] if isinstance(raw.get("ca_pem"), str) else None,
         )
         reporter.start()
         reporter.status(outcome.status, reason=outcome.reason, error_code=outcome.error_code)

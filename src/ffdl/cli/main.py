@@ -167,7 +167,7 @@ def up(
             "--advertise-url",
             metavar="URL",
             help="The API address learners report to, reachable from every node "
-            "(default: http://HOST:PORT of this server).",
+            "(default: http(s)://HOST:PORT of this server).",
         ),
     ] = None,
     workers: Annotated[
@@ -191,6 +191,29 @@ def up(
             "controller). Default: FFDL_CGROUP_PARENT, config.yaml, or found on the host.",
         ),
     ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-cert",
+            metavar="FILE",
+            help="Serve HTTPS with this certificate (PEM: the server's, then its chain); "
+            "needs --tls-key. Default: FFDL_TLS_CERT or config.yaml's tls_cert.",
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option("--tls-key", metavar="FILE", help="The certificate's private key (PEM)."),
+    ] = None,
+    ca_bundle: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca-bundle",
+            metavar="FILE",
+            help="The CA that signed the certificate, when the system's trust store lacks it: "
+            "learners verify the server with it, and client.json names it for the CLI. "
+            "Default: FFDL_CA_BUNDLE or config.yaml's ca_bundle.",
+        ),
+    ] = None,
 ) -> None:
     """Start the ffdl platform (API server, scheduler, dashboard) in the foreground."""
     # The server stack is heavy; only `up` pays for importing it.
@@ -206,6 +229,9 @@ def up(
         advertise_url=advertise_url,
         workers=workers,
         cgroup_parent=cgroup_parent,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        ca_bundle=ca_bundle,
     )
 
 

@@ -8,6 +8,10 @@ alone works against the default URL):
   ``user:password@`` in ``DLAAS_URL``, which wins over them as in FfDL's CLI) sent as HTTP
   Basic, the config file's ``token``.
 
+The CA bundle that verifies an HTTPS server: ``FFDL_CA_BUNDLE``, else the config file's
+``ca_bundle`` when its ``url`` is the one used (the server that wrote it named its CA), else
+the system's trust store.
+
 The config file is the one ``FFDL_CONFIG`` names, else ``<home>/client.json``. Its token
 belongs to its own server: it is never sent to a ``DLAAS_URL``, which needs credentials of
 its own. So FfDL users' scripts with ``DLAAS_*`` work unchanged even on a machine whose
@@ -17,7 +21,7 @@ its own. So FfDL users' scripts with ``DLAAS_*`` work unchanged even on a machin
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -27,6 +31,7 @@ import httpx
 from ffdl.client.http import Client
 from ffdl.client.settings import ClientSettings
 from ffdl.core.errors import FfdlError
+from ffdl.core.tls import TlsError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 NO_SERVER_MESSAGE = (
@@ -47,6 +52,8 @@ class ClientConfig:
     # HTTP Basic credentials (FfDL's DLAAS_USERNAME/DLAAS_PASSWORD), used when no token is.
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    # The CA that verifies an HTTPS server (None: the system's trust store).
+    ca_bundle: Path | None = None
 
     def auth(self) -> httpx.Auth | None:
         """The HTTP Basic auth of these credentials, when they are what the client sends."""
@@ -92,7 +99,8 @@ def _basic(dlaas: _Dlaas) -> tuple[str, str]:
 
 
 def read_client_file(path: Path) -> dict[str, str]:
-    """The ``url`` and ``token`` of a ``client.json``; unknown keys are ignored."""
+    """The ``url``, ``token`` and ``ca_bundle`` of a ``client.json``; unknown keys are
+    ignored."""
     try:
         loaded: Any = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
@@ -102,7 +110,7 @@ def read_client_file(path: Path) -> dict[str, str]:
     if not isinstance(loaded, dict):
         raise ConfigError(f"client config {path} must be a JSON object")
     values: dict[str, str] = {}
-    for key in ("url", "token"):
+    for key in ("url", "token", "ca_bundle"):
         value = loaded.get(key)
         if value is None:
             continue
@@ -129,8 +137,25 @@ def resolve_client_config(
     token: str | None = None,
     settings: ClientSettings | None = None,
 ) -> ClientConfig:
-    """The server URL and credentials to use; ``ConfigError`` when nothing is configured."""
+    """The server URL, credentials and CA bundle to use; ``ConfigError`` when nothing is
+    configured."""
     settings = settings if settings is not None else ClientSettings()
+    config = _url_and_credentials(url, token, settings)
+    if settings.ca_bundle is not None:
+        return replace(config, ca_bundle=settings.ca_bundle.expanduser())
+    from_file = _file_values(settings) if config.url.startswith("https://") else None
+    if from_file and from_file.get("ca_bundle") and _same_url(from_file.get("url"), config.url):
+        return replace(config, ca_bundle=Path(from_file["ca_bundle"]).expanduser())
+    return config
+
+
+def _same_url(written: str | None, used: str) -> bool:
+    return written is not None and written.rstrip("/") == used
+
+
+def _url_and_credentials(
+    url: str | None, token: str | None, settings: ClientSettings
+) -> ClientConfig:
     dlaas = _dlaas(settings)
     resolved_url = url or settings.url
     resolved_token = token or settings.token
@@ -164,7 +189,12 @@ def resolve_client_config(
 
 def client_for(config: ClientConfig, **options: Any) -> Client:
     """A ``Client`` for ``config``: its bearer token, or its HTTP Basic credentials."""
-    return Client(config.url, config.token, auth=config.auth(), **options)
+    try:
+        return Client(
+            config.url, config.token, auth=config.auth(), ca_bundle=config.ca_bundle, **options
+        )
+    except TlsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def connect(url: str | None = None, token: str | None = None, **options: Any) -> Client:

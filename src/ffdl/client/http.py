@@ -28,8 +28,11 @@ import httpx
 
 from ffdl.client.archive import model_definition_bytes
 from ffdl.core.errors import BadRequest, FfdlError
+from ffdl.core.tls import client_context, verification_failure
 
 UNREACHABLE = "UNREACHABLE"
+# An HTTPS server whose certificate does not verify (unknown CA, wrong host, expired).
+UNTRUSTED = "UNTRUSTED_CERTIFICATE"
 BAD_RESPONSE = "BAD_RESPONSE"
 # A submit is retried this many times (after the first try) when the server cannot be
 # reached or its answer is lost, waiting 0.5, 1, 2, 4, 8 s: long enough for a restart.
@@ -198,9 +201,12 @@ class Client:
         auth: httpx.Auth | None = None,
         unavailable_wait_s: float = UNAVAILABLE_WAIT_S,
         on_unavailable: RetryNotice | None = None,
+        ca_bundle: Path | None = None,
     ) -> None:
         """``unavailable_wait_s``: how long to wait out 503 answers (0: not at all);
-        ``on_unavailable(error, delay)`` is told before each such wait."""
+        ``on_unavailable(error, delay)`` is told before each such wait. ``ca_bundle``: the
+        CA that verifies an HTTPS server (default: the system's trust store); ``TlsError``
+        when it cannot be read."""
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.unavailable_wait_s = unavailable_wait_s
@@ -216,6 +222,7 @@ class Client:
             timeout=timeout,
             auth=None if token else auth,
             limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
+            verify=client_context(ca_bundle) if ca_bundle is not None else True,
         )
 
     def close(self) -> None:
@@ -235,6 +242,14 @@ class Client:
     # -- plumbing ---------------------------------------------------------------------------
 
     def _transport_error(self, exc: httpx.TransportError) -> ApiError:
+        if (untrusted := verification_failure(exc)) is not None:
+            return ApiError(
+                0,
+                UNTRUSTED,
+                f"the ffdl server at {self.url} presented a certificate this client does not "
+                f"trust ({untrusted.verify_message or untrusted.reason}); if a private CA "
+                "signed it, set FFDL_CA_BUNDLE to that CA's certificate file",
+            )
         if isinstance(exc, httpx.ConnectError):
             return ApiError(
                 0,

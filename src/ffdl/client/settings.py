@@ -3,7 +3,9 @@
 ``FFDL_HOME`` (platform home, default ``~/.ffdl``), ``FFDL_URL`` and ``FFDL_TOKEN`` (the
 server to talk to) and ``FFDL_CONFIG`` (path of a ``client.json``); and FfDL's own
 ``DLAAS_URL``, ``DLAAS_USERNAME`` and ``DLAAS_PASSWORD`` (a server and HTTP Basic
-credentials, as FfDL's CLI read them). Empty values count as unset.
+credentials, as FfDL's CLI read them); ``FFDL_CA_BUNDLE``, the CA that signed an HTTPS
+server's certificate when the system's trust store does not hold it. Empty values count as
+unset.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class ClientSettings(BaseSettings):
     url: str | None = None
     token: str | None = None
     config: Path | None = None
+    ca_bundle: Path | None = None
     # FfDL's variables keep their names (no FFDL_ prefix).
     dlaas_url: str | None = Field(default=None, validation_alias="DLAAS_URL")
     dlaas_username: str | None = Field(default=None, validation_alias="DLAAS_USERNAME")

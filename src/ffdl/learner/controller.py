@@ -138,6 +138,7 @@ class Controller:
             on_event=self._on_reporter_event,
             diagnostics=logger.warning,
             fallback_urls=spec.fallback_urls,
+            ca_pem=spec.ca_pem,
             on_batch=BatchUpdates(spec, self._ffdl_log),
         )
         self._lock = threading.Lock()
@@ -625,6 +626,7 @@ class Controller:
                 self._ffdl_log,
                 scratch=str(self.state_dir),
                 should_stop=self._wants_abort,
+                ca_pem=spec.ca_pem,
             )
         except staging.StagingStopped:
             return _stop_outcome(self._requested_stop() or CANCEL, self._stop_detail)
@@ -750,6 +752,7 @@ def fail_without_spec(spec_path: str, error: Exception) -> int:
             learner=int(raw["learner"]),
             attempt=int(raw.get("attempt", 0)),
             report_deadline_s=deadline,
+            ca_pem=raw.get("ca_pem") if isinstance(raw.get("ca_pem"), str) else None,
         )
         reporter.start()
         reporter.status(failed.status, reason=failed.reason, error_code=failed.error_code)

@@ -69,14 +69,18 @@ def results_url(api_url: str, training_id: str, learner: int) -> str:
     return f"{api_url.rstrip('/')}/v1/internal/jobs/{job}/learners/{learner}/results"
 
 
-def _connect(url: str, timeout_s: float) -> http.client.HTTPConnection:
+def _connect(url: str, timeout_s: float, ca_pem: str | None) -> http.client.HTTPConnection:
     import http.client
+
+    from ffdl.core.tls import client_context
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise RemoteFileError(f"unusable API URL {url!r}")
     if parts.scheme == "https":
-        return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout_s)
+        return http.client.HTTPSConnection(
+            parts.hostname, parts.port, timeout=timeout_s, context=client_context(ca_pem=ca_pem)
+        )
     return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
 
 
@@ -120,6 +124,7 @@ def fetch_code(
     destination: str,
     *,
     timeout_s: float = TIMEOUT_S,
+    ca_pem: str | None = None,
 ) -> int:
     """Download the job's code archive to ``destination`` (written under a temporary name
     beside it, renamed when whole); return its size in bytes. ``RemoteFileError`` names the
@@ -129,7 +134,7 @@ def fetch_code(
     os.makedirs(directory, exist_ok=True)
 
     def once() -> int:
-        connection = _connect(url, timeout_s)
+        connection = _connect(url, timeout_s, ca_pem)
         try:
             connection.request("GET", _target(url), headers=_auth(job_token))
             response = connection.getresponse()
@@ -171,6 +176,7 @@ def upload_results(
     scratch: str | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     timeout_s: float = UPLOAD_TIMEOUT_S,
+    ca_pem: str | None = None,
 ) -> None:
     """Send ``results_dir`` (learner 1's RESULT_DIR; None for the others) and ``log_dir``
     (under ``logs/learner-N/``) to the API as one zip, built in ``scratch`` (default: the
@@ -195,7 +201,7 @@ def upload_results(
 
         def once() -> int:
             archive.seek(0)
-            connection = _connect(url, timeout_s)
+            connection = _connect(url, timeout_s, ca_pem)
             try:
                 headers = {
                     **_auth(job_token),

@@ -37,6 +37,7 @@ from ffdl.learner.spool import MEMORY_BYTES, Spool
 
 if TYPE_CHECKING:
     import http.client
+    import ssl
 
 # Answers meaning the job no longer exists for us or our token was revoked.
 GONE_HTTP_STATUSES = frozenset({401, 403, 404, 410})
@@ -101,10 +102,13 @@ class Reporter:
         diagnostics: Callable[[str], None] = _ignore_message,
         fallback_urls: Sequence[str] = (),
         on_batch: Callable[[dict[str, Any]], None] | None = None,
+        ca_pem: str | None = None,
     ) -> None:
         reports = f"/v1/internal/jobs/{training_id}/learners/{learner}/reports"
         self._targets = [_target(url, reports) for url in dict.fromkeys([api_url, *fallback_urls])]
         self._current = 0
+        self._ca_pem = ca_pem
+        self._tls: ssl.SSLContext | None = None
         self._headers = {
             "Authorization": f"Bearer {job_token}",
             "Content-Type": "application/json",
@@ -456,10 +460,14 @@ class Reporter:
     def _connect(self) -> http.client.HTTPConnection:
         import http.client
 
+        from ffdl.core.tls import client_context
+
         target = self._targets[self._current]
         if target.scheme == "https":
+            if self._tls is None:
+                self._tls = client_context(ca_pem=self._ca_pem)
             return http.client.HTTPSConnection(
-                target.host, target.port, timeout=self._request_timeout_s
+                target.host, target.port, timeout=self._request_timeout_s, context=self._tls
             )
         return http.client.HTTPConnection(target.host, target.port, timeout=self._request_timeout_s)
 

@@ -119,6 +119,9 @@ class LearnerSpec:
     # ``nvml_library`` first when given (``ffdl.learner.gpu_sampler``).
     gpu_sample_s: float | None = None
     nvml_library: str | None = None
+    # The PEM text of the CA that signed the API's certificate, when the system's trust store
+    # does not hold it (``ffdl.core.tls``); None: the trust store verifies it.
+    ca_pem: str | None = None
 
 
 def learner_log_dir(spec: LearnerSpec) -> str | None:
@@ -364,6 +367,7 @@ def spec_from_dict(document: dict[str, Any]) -> LearnerSpec:
         fallback_urls=_urls(document, "fallback_urls"),
         gpu_sample_s=_optional_number(document, "gpu_sample_s"),
         nvml_library=_optional_str(document, "nvml_library"),
+        ca_pem=_optional_str(document, "ca_pem"),
     )
 
 

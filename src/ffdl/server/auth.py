@@ -212,7 +212,11 @@ def bootstrap(store: Store, settings: Settings) -> None:
             token, _row = issue_token(
                 session, ADMIN_USER, name=BOOTSTRAP_TOKEN_NAME, lifetime=token_lifetime(settings)
             )
-    _write_private(config_path, json.dumps({"url": settings.api_url, "token": token}, indent=2))
+    client: dict[str, str] = {"url": settings.api_url, "token": token}
+    if settings.ca_bundle is not None:
+        # The CLI on this host verifies the server with the CA the operator named.
+        client["ca_bundle"] = str(settings.ca_bundle.resolve())
+    _write_private(config_path, json.dumps(client, indent=2))
 
 
 def refused(message: str, challenge: dict[str, str], detail: Any = None) -> AuthError:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 from pathlib import Path
@@ -21,6 +20,12 @@ from ffdl.server.pool.policy import Policy
 from ffdl.server.services.runtimes import unsandboxed_paths
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import StoreUnavailable
+from ffdl.server.transport import (
+    check_transport,
+    is_loopback_host,
+    plain_http_warning,
+    uvicorn_tls,
+)
 
 log = logging.getLogger("ffdl.server")
 
@@ -35,6 +40,9 @@ def serve(
     advertise_url: str | None = None,
     workers: str | None = None,
     cgroup_parent: str | None = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+    ca_bundle: Path | None = None,
 ) -> None:
     """Serve the platform until stopped: one process, or with ``workers`` ("MIN..MAX", or
     from the settings) an elastic pool of worker processes (``ffdl.server.pool``)."""
@@ -49,9 +57,13 @@ def serve(
             advertise_url=advertise_url,
             workers=workers,
             cgroup_parent=cgroup_parent,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            ca_bundle=ca_bundle,
         )
         # Built here once to report a bad configuration before anything starts.
         settings.backend_config()
+        check_transport(settings)
         _check_cgroup_parent(settings)
         policy = pool_policy(settings)
     except ValidationError as exc:
@@ -71,6 +83,8 @@ def serve(
         log.warning(NO_SANDBOX_WARNING)
         if (unprovided := unsandboxed_paths(settings.runtimes)) is not None:
             log.warning(unprovided)
+    if (exposed := plain_http_warning(settings)) is not None:
+        log.warning("PLAIN HTTP: %s", exposed)
     _log_backend(settings)
     if policy is not None:
         _serve_pool(settings, policy)
@@ -80,7 +94,13 @@ def serve(
     except STARTUP_ERRORS as exc:
         raise SystemExit(f"ffdl: {exc}") from None
     announce(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        **uvicorn_tls(settings),
+    )
 
 
 def _check_cgroup_parent(settings: Settings) -> None:
@@ -112,7 +132,7 @@ def _log_backend(settings: Settings) -> None:
         if _is_loopback(settings.learner_api_url):
             log.warning(
                 "learners report to %s, a loopback address that learners on other machines "
-                "cannot reach; start with --advertise-url http://HOST:PORT",
+                "cannot reach; start with --advertise-url http(s)://HOST:PORT",
                 settings.learner_api_url,
             )
     elif settings.backend == "simulated" and settings.simulated is not None:
@@ -126,13 +146,7 @@ def _log_backend(settings: Settings) -> None:
 
 
 def _is_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(urlsplit(url).hostname or "")
 
 
 def _main() -> None:
@@ -147,6 +161,9 @@ def _main() -> None:
     parser.add_argument("--ray-address", default=None, metavar="ADDRESS")
     parser.add_argument("--advertise-url", default=None, metavar="URL")
     parser.add_argument("--workers", default=None, metavar="MIN..MAX")
+    parser.add_argument("--tls-cert", type=Path, default=None, metavar="FILE")
+    parser.add_argument("--tls-key", type=Path, default=None, metavar="FILE")
+    parser.add_argument("--ca-bundle", type=Path, default=None, metavar="FILE")
     args = parser.parse_args()
     serve(
         args.home,
@@ -157,6 +174,9 @@ def _main() -> None:
         ray_address=args.ray_address,
         advertise_url=args.advertise_url,
         workers=args.workers,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        ca_bundle=args.ca_bundle,
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ffdl.backends.local import LocalConfig
@@ -77,6 +77,13 @@ class Settings(BaseSettings):
     # The API address learners report to (default ``api_url``). Learners on other machines
     # cannot reach a loopback address: with Ray, advertise one they can.
     advertise_url: str | None = None
+    # HTTPS: ``ffdl up`` (every pool worker too) serves with this certificate (PEM, leaf
+    # first, then its chain) and key. ``ca_bundle`` names the CA that signed it when the
+    # system's trust store does not hold it: learners get its text to verify the server
+    # they report to, and client.json names it for the CLI on this host.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    ca_bundle: Path | None = None
     ray_namespace: str = "ffdl"
     # Each Ray node keeps the job directories of its learners under this root.
     ray_work_root: str = "/tmp/ffdl-ray"
@@ -261,6 +268,31 @@ class Settings(BaseSettings):
             raise ValueError(f"advertise_url must be an http(s)://HOST[:PORT] URL, got {value!r}")
         return value.strip()
 
+    @field_validator("tls_cert", "tls_key", "ca_bundle", mode="before")
+    @classmethod
+    def _optional_path(cls, value: object) -> object:
+        # An empty value (``FFDL_TLS_CERT=``) means unset, not the current directory. A
+        # relative path is taken from the working directory, once, for every process.
+        if isinstance(value, str):
+            value = Path(value.strip()) if value.strip() else None
+        if isinstance(value, Path):
+            return value.expanduser().absolute()
+        return value
+
+    @model_validator(mode="after")
+    def _certificate_with_key(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given, missing = (
+                ("tls_cert", "tls_key")
+                if self.tls_key is None
+                else (
+                    "tls_key",
+                    "tls_cert",
+                )
+            )
+            raise ValueError(f"{given} is set but {missing} is not: HTTPS needs both")
+        return self
+
     @field_validator("ray_address")
     @classmethod
     def _non_empty_address(cls, value: str | None) -> str | None:
@@ -311,7 +343,14 @@ class Settings(BaseSettings):
     @property
     def api_url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host}:{self.port}"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+
+    @property
+    def tls(self) -> bool:
+        """Whether the API is served over HTTPS."""
+        return self.tls_cert is not None
 
     @property
     def learner_api_url(self) -> str:

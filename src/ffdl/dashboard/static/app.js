@@ -769,6 +769,7 @@
       const health = await response.json();
       show($("sandbox-warning"), health.sandbox === false);
       show($("simulated-warning"), health.learners === "simulated");
+      show($("transport-warning"), Boolean(health.transport_warning));
     } catch (err) {
       // The connection indicator reports an unreachable server.
     }

@@ -67,6 +67,7 @@ from ffdl.server.services.stores import (
 from ffdl.server.store.models import DeployStep, Job, Learner
 from ffdl.server.store.transitions import set_job_status, set_learner_status, utcnow
 from ffdl.server.telemetry.instruments import DEPLOY_SECONDS, Timer
+from ffdl.server.transport import learner_ca_pem
 
 log = logging.getLogger("ffdl.lcm")
 
@@ -391,6 +392,7 @@ def build_spec(
         attempt=attempt,
         api_url=settings.learner_api_url,
         fallback_urls=_other_replicas(platform),
+        ca_pem=learner_ca_pem(settings),
         job_token=platform.job_tokens.issue(job_id),
         command=manifest.framework.command,
         workdir=str(dirs.code),

@@ -42,6 +42,7 @@ from ffdl.server.pool.signals import LoadWindow, Measured, Sample, read_sample
 from ffdl.server.pool.worker import LIFESPAN_GRACE_S, PoolWorker
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
+from ffdl.server.transport import gunicorn_tls
 
 log = logging.getLogger("ffdl.server.pool")
 
@@ -230,6 +231,7 @@ class PoolApplication(BaseApplication):  # type: ignore[misc]
             "when_ready": self._when_ready,
             "child_exit": self._child_exit,
             "on_exit": self._on_exit,
+            **gunicorn_tls(s),
         }
         for name, value in values.items():
             self.cfg.set(name, value)
