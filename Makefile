@@ -3,13 +3,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench chaos chaos-replicas chaos-db fleet clean sandbox-tools gpu-kit
+.PHONY: demo test lint typecheck docs bench chaos chaos-replicas chaos-db fleet clean sandbox-tools gpu-kit
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet 'torch==2.13.0'
-	$(BIN)/pip install --quiet -e '.[examples,dev,ray,postgres,sim]'
+	$(BIN)/pip install --quiet -e '.[examples,dev,ray,postgres,sim,docs]'
 	touch $(STAMP)
 
 # Learners run under bubblewrap; root installs it (and iproute2 for distributed jobs).
@@ -33,8 +33,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: lint typecheck
+test: lint typecheck docs
 	$(BIN)/pytest -q
+
+# The documentation site, from docs/ and the pages generated from the code
+# (tools/docs_hooks.py), into site/; any broken link or anchor fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
@@ -66,4 +71,4 @@ gpu-kit: $(STAMP)
 	$(BIN)/python tools/gpu-kit/prepare.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -18,7 +18,7 @@ from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, servi
 
 LINES = 1_000_000
 PRINT_MILLION = "python -c \"import sys; sys.stdout.writelines(f'{i}\\n' for i in range(1000000))\""
-# The bound the reporter's docstring and the README state for the controller's peak RSS.
+# The bound the reporter's docstring and docs/architecture.md state for the controller's peak RSS.
 CONTROLLER_RSS_BOUND_KIB = 64 * 1024
 # Prints numbered lines, a few hundred at a time, until the test drops ``stop`` into
 # JOB_STATE_DIR; then prints how many it printed.

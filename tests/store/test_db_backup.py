@@ -60,8 +60,8 @@ def test_a_backup_taken_while_a_job_runs_restores_into_a_fresh_home(tmp_path: Pa
     # backup, and what the backup said goes with it: the jobs' files and secret.key (and
     # the administrator's client.json, to sign in as before).
     second_home.mkdir()
-    # As the README says: links, modes and owners kept (the learners' sandbox users own
-    # their directories).
+    # As docs/operator/backups.md says: links, modes and owners kept (the learners' sandbox
+    # users own their directories).
     for name in ("jobs", "secret.key", "client.json"):
         subprocess.run(["cp", "-a", str(first_home / name), str(second_home / name)], check=True)
     restored = ffdl("db", "restore", str(saved), "--home", str(second_home))

@@ -168,7 +168,7 @@ def _sqlite_file(store: Store, action: str) -> Path:
     if path is None:
         _fail(
             f"{action} works on a SQLite database; {store.address} is PostgreSQL: use "
-            "pg_dump -Fc and pg_restore (README: Backups and restores)"
+            "pg_dump -Fc and pg_restore (docs/operator/backups.md)"
         )
     return path
 

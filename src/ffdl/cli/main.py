@@ -133,8 +133,14 @@ def _check_workers(value: str | None) -> str | None:
 
 @app.command()
 def up(
-    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    host: Annotated[
+        str | None,
+        typer.Option(help="Interface to listen on. Default: FFDL_HOST, config.yaml, or 127.0.0.1."),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(help="Port to listen on. Default: FFDL_PORT, config.yaml, or 8080."),
+    ] = None,
     home: Annotated[
         Path | None, typer.Option(help="Platform home (default: FFDL_HOME or ~/.ffdl).")
     ] = None,

@@ -13,7 +13,7 @@ renamed over it, so the two are never mixed.
 
 A backup holds the database only. The jobs' files (``HOME/jobs``: code archives, results,
 checkpoints, logs) and ``HOME/secret.key`` (job tokens and stored credentials are sealed
-with it) go with it, copied separately (README: "Backups and restores").
+with it) go with it, copied separately (docs/operator/backups.md).
 """
 
 from __future__ import annotations
