@@ -6,6 +6,9 @@ start."""
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,14 +19,17 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from cryptography import x509
 
 from ffdl.client.http import UNTRUSTED, ApiError, Client
+from ffdl.core.tls import client_context
 from tests.integration.live import (
     FAST_CONFIG,
     LiveServer,
     free_port,
     manifest_yaml,
     serving,
+    wait_for,
 )
 from tests.tlsfiles import (
     Authority,
@@ -222,3 +228,69 @@ def test_up_refuses_a_key_that_does_not_match_and_an_expired_certificate(
     assert stale.returncode != 0
     assert f"ffdl: TLS certificate {expired.cert_file}: expired on" in stale.stderr
     assert not (home / "ffdl.db").exists()
+
+
+def served_serial(server: LiveServer, authority: Authority) -> int:
+    """The serial number of the certificate a new connection to ``server`` is shown."""
+    context = client_context(authority.cert_file)
+    with (
+        socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return int(x509.load_der_x509_certificate(der).serial_number)
+
+
+@pytest.mark.parametrize("workers", [None, "2"], ids=["one-process", "pool"])
+def test_sighup_serves_a_renewed_certificate_and_refuses_a_bad_one(
+    pki: Pki, tmp_path: Path, workers: str | None
+) -> None:
+    live_files = issue_server_certificate(pki.authority, tmp_path / "live", name="live")
+    config = {
+        **FAST_CONFIG,
+        "tls_cert": str(live_files.cert_file),
+        "tls_key": str(live_files.key_file),
+        "ca_bundle": str(pki.authority.cert_file),
+    }
+    if workers is not None:
+        config["workers"] = workers
+    with serving(LiveServer(home=tmp_path / "home", config=config)) as server:
+        assert server.proc is not None
+        first = served_serial(server, pki.authority)
+        renewed = issue_server_certificate(pki.authority, tmp_path / "renewed", name="renewed")
+        shutil.copyfile(renewed.cert_file, live_files.cert_file)
+        shutil.copyfile(renewed.key_file, live_files.key_file)
+        os.kill(server.proc.pid, signal.SIGHUP)
+        wait_for(
+            lambda: served_serial(server, pki.authority) != first,
+            timeout=30,
+            what="the renewed certificate to be served",
+        )
+        second = served_serial(server, pki.authority)
+
+        # A certificate whose key was not renewed with it: refused, the current one kept.
+        stray = issue_server_certificate(pki.authority, tmp_path / "stray", name="stray")
+        shutil.copyfile(stray.cert_file, live_files.cert_file)
+        os.kill(server.proc.pid, signal.SIGHUP)
+        wait_for(
+            lambda: "still serving the current certificate" in server.log_tail(100),
+            timeout=30,
+            what="the refusal of a mismatched pair in the log",
+        )
+        assert f"does not match the key {live_files.key_file}" in server.log_tail(100)
+        assert served_serial(server, pki.authority) == second
+        assert server.client.get("/health").json()["tls"] is True
+
+
+def test_sighup_to_a_plain_http_server_is_logged_and_ignored(tmp_path: Path) -> None:
+    with serving(LiveServer(home=tmp_path / "plain")) as server:
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGHUP)
+        wait_for(
+            lambda: "speaks plain HTTP; nothing to reload" in server.log_tail(50),
+            timeout=15,
+            what="the SIGHUP to be logged",
+        )
+        assert server.proc.poll() is None
+        assert server.client.get("/health").status_code == 200

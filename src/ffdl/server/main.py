@@ -24,6 +24,7 @@ from ffdl.server.transport import (
     check_transport,
     is_loopback_host,
     plain_http_warning,
+    reload_on_hangup,
     uvicorn_tls,
 )
 
@@ -94,13 +95,11 @@ def serve(
     except STARTUP_ERRORS as exc:
         raise SystemExit(f"ffdl: {exc}") from None
     announce(settings)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        **uvicorn_tls(settings),
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level="warning", **uvicorn_tls(settings)
     )
+    reload_on_hangup(settings, lambda: config.ssl)
+    uvicorn.Server(config).run()
 
 
 def _check_cgroup_parent(settings: Settings) -> None:

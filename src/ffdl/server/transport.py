@@ -1,5 +1,12 @@
 """How the API is reached: the TLS files checked before ``ffdl up`` serves, what uvicorn
-and gunicorn are given to serve HTTPS, and the warning for credentials sent in clear text.
+and gunicorn are given to serve HTTPS, what SIGHUP does (take up a renewed certificate),
+and the warning for credentials sent in clear text.
+
+SIGHUP re-reads the certificate and key from the same files, checked as at start: a good
+pair is served to every new connection (one process: loaded into the live TLS context; a
+pool: its workers restart gracefully), a bad one is refused in the log and the current
+certificate stays. Nothing else is re-read. Without TLS, SIGHUP is logged and ignored
+rather than ending the server as its default action would.
 
 HTTP Basic passwords, API tokens and learners' job tokens cross the network with every
 request. On a loopback address they never leave the host; on any other address over plain
@@ -11,12 +18,18 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import logging
+import signal
+import ssl
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ffdl.core.tls import check_server_certificate, read_ca_bundle
+from ffdl.core.tls import TlsError, check_server_certificate, read_ca_bundle
 from ffdl.server.settings import Settings
+
+log = logging.getLogger("ffdl.server")
 
 PLAIN_HTTP_WARNING = (
     "credentials cross the network in clear text: this server listens on {host} over plain "
@@ -63,6 +76,34 @@ def gunicorn_tls(settings: Settings) -> dict[str, Any]:
     if settings.tls_cert is None or settings.tls_key is None:
         return {}
     return {"certfile": str(settings.tls_cert), "keyfile": str(settings.tls_key)}
+
+
+def hangup_check(settings: Settings) -> str | None:
+    """Whether SIGHUP may take up the certificate files now: None when they pass, else the
+    line to log (no TLS, or what is wrong with the new files)."""
+    if settings.tls_cert is None or settings.tls_key is None:
+        return "SIGHUP: this server speaks plain HTTP; nothing to reload"
+    try:
+        check_server_certificate(settings.tls_cert, settings.tls_key)
+    except TlsError as exc:
+        return f"SIGHUP: {exc}; still serving the current certificate"
+    return None
+
+
+def reload_on_hangup(settings: Settings, context: Callable[[], ssl.SSLContext | None]) -> None:
+    """Make SIGHUP load the renewed certificate into ``context()``, the live server's TLS
+    context (one process); new connections get it, open ones keep theirs."""
+
+    def hangup(_signum: int, _frame: object) -> None:
+        refused = hangup_check(settings)
+        live = context()
+        if refused is not None or live is None or settings.tls_cert is None:
+            log.warning("%s", refused or "SIGHUP: the server is not serving yet")
+            return
+        live.load_cert_chain(str(settings.tls_cert), str(settings.tls_key))
+        log.info("SIGHUP: serving the certificate in %s to new connections", settings.tls_cert)
+
+    signal.signal(signal.SIGHUP, hangup)
 
 
 def plain_http_warning(settings: Settings) -> str | None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from gunicorn.app.base import BaseApplication  # type: ignore[import-untyped]
+from gunicorn.arbiter import Arbiter  # type: ignore[import-untyped]
 from gunicorn.errors import AppImportError  # type: ignore[import-untyped]
 
 from ffdl.server.announce import announce
@@ -42,7 +43,7 @@ from ffdl.server.pool.signals import LoadWindow, Measured, Sample, read_sample
 from ffdl.server.pool.worker import LIFESPAN_GRACE_S, PoolWorker
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
-from ffdl.server.transport import gunicorn_tls
+from ffdl.server.transport import gunicorn_tls, hangup_check
 
 log = logging.getLogger("ffdl.server.pool")
 
@@ -209,6 +210,8 @@ class PoolApplication(BaseApplication):  # type: ignore[misc]
         self.policy = policy
         self.directory = run_dir(settings.home, settings.port)
         self.controller: Controller | None = None
+        # The pool's size when SIGHUP restarts the workers: as many come back.
+        self.workers_now: int | None = None
         # Read by each ``PoolWorker``: how long a keep-alive connection serves.
         self.connection_max_s = settings.pool_connection_max_s
         super().__init__()
@@ -218,7 +221,7 @@ class PoolApplication(BaseApplication):  # type: ignore[misc]
         host = f"[{s.host}]" if ":" in s.host else s.host
         values: dict[str, Any] = {
             "bind": [f"{host}:{s.port}"],
-            "workers": self.policy.minimum,
+            "workers": self.workers_now or self.policy.minimum,
             "worker_class": PoolWorker,
             "preload_app": False,
             "graceful_timeout": s.pool_graceful_s + LIFESPAN_GRACE_S,
@@ -235,6 +238,13 @@ class PoolApplication(BaseApplication):  # type: ignore[misc]
         }
         for name, value in values.items():
             self.cfg.set(name, value)
+
+    def run(self) -> None:
+        try:
+            PoolArbiter(self).run()
+        except RuntimeError as exc:
+            # As gunicorn's own ``run``: its arbiter's fatal errors are one line.
+            raise SystemExit(f"ffdl: {exc}") from None
 
     def load(self) -> LoadMiddleware:
         """The worker's app (called in the worker, after the fork)."""
@@ -267,6 +277,26 @@ class PoolApplication(BaseApplication):  # type: ignore[misc]
         if self.controller is not None:
             self.controller.stop()
         clear(self.directory)
+
+
+class PoolArbiter(Arbiter):  # type: ignore[misc]
+    """gunicorn's arbiter, whose SIGHUP takes up a renewed TLS certificate (checked first:
+    a bad one is refused and the workers keep serving the current one) by restarting the
+    workers gracefully, as many as serve now; ``ffdl.server.transport`` says the rest."""
+
+    def handle_hup(self) -> None:
+        app: PoolApplication = self.app
+        refused = hangup_check(app.settings)
+        if refused is not None:
+            log.warning("%s", refused)
+            return
+        app.workers_now = int(self.num_workers)
+        log.info(
+            "SIGHUP: serving the certificate in %s; restarting %d workers gracefully",
+            app.settings.tls_cert,
+            app.workers_now,
+        )
+        super().handle_hup()
 
 
 def run_pool(settings: Settings, policy: Policy) -> None:
