@@ -145,7 +145,12 @@ class LiveServer:
             except httpx.HTTPError:
                 return False
 
-        wait_for(healthy, timeout=60, what="server health")
+        try:
+            wait_for(healthy, timeout=60, what="server health")
+        except BaseException:
+            # A server that never became healthy is not left running behind the test.
+            self.stop(signal.SIGKILL)
+            raise
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self._client is not None:

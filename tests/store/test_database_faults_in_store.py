@@ -139,3 +139,21 @@ def test_a_commit_cut_off_by_the_server_going_away_is_a_fault_not_a_500() -> Non
         fault_of(_raised_while_handling(wrong, PendingRollbackError("...")), "postgresql") is None
     )
     assert fault_of(PendingRollbackError("no context"), "postgresql") is None
+
+
+def test_a_connection_checked_before_an_outage_does_not_end_it(postgres: PostgresServer) -> None:
+    """A read that began before another thread met the database away, and only then got
+    its (pre-pinged) connection, is no evidence that the database is back: one outage is
+    not counted as two."""
+    store = Store(postgres.create_database())
+    try:
+        with store.read() as early:
+            store.availability.went_away("terminating connection due to administrator command")
+            early.execute(text("SELECT 1"))  # its connection is checked out only now
+            assert store.availability.outage() is not None, "ended by stale evidence"
+        with store.read() as later:
+            later.execute(text("SELECT 1"))
+        assert store.availability.outage() is None
+        assert store.availability.returned_at is not None
+    finally:
+        store.dispose()

@@ -171,12 +171,17 @@ class Availability:
             detail,
         )
 
-    def reached(self) -> None:
-        """A connection worked: an outage, if there was one, is over."""
+    def reached(self, asked_at: float | None = None) -> None:
+        """A connection worked: an outage, if there was one, is over. ``asked_at`` (monotonic)
+        is when the work that got it began: a connection checked just before the database
+        went away, whose work only got here after another thread had met the fault, says
+        nothing of the database now and does not end the outage."""
         if self._down_since is None:  # the common case, without the lock
             return
         with self._lock:
             if self._down_since is None:
+                return
+            if asked_at is not None and asked_at < self._down_since_monotonic:
                 return
             lasted = time.monotonic() - self._down_since_monotonic
             self._down_since = None

@@ -209,9 +209,15 @@ class Store:
         self._write_sessions = sessionmaker(write_bind, expire_on_commit=False)
         self._write_lock = threading.RLock()
         self.availability = Availability(self.address)
+        # When this thread's current read or write began (monotonic), for the check below.
+        self._work = threading.local()
         # A connection handed out has just been checked (``pool_pre_ping``): the database
-        # is there.
-        event.listen(self.engine, "checkout", lambda *_: self.availability.reached())
+        # is there, unless that check came before an outage another thread has since met.
+        event.listen(
+            self.engine,
+            "checkout",
+            lambda *_: self.availability.reached(getattr(self._work, "began", None)),
+        )
 
     @property
     def path(self) -> Path | None:
@@ -262,6 +268,8 @@ class Store:
     @contextmanager
     def _faults(self) -> Iterator[None]:
         """Turn a database that is away, or a full disk, into the API's answers for them."""
+        outer = getattr(self._work, "began", None)
+        self._work.began = time.monotonic() if outer is None else outer
         try:
             yield
         except (SQLAlchemyError, OSError) as exc:
@@ -274,6 +282,8 @@ class Store:
                 raise DatabaseAway(self.address, detail) from exc
             where = getattr(exc, "filename", None) or self.address
             raise DatabaseFull(str(where), detail) from exc
+        finally:
+            self._work.began = outer
 
     def _without_password(self, text: str) -> str:
         password = make_url(self.url).password
