@@ -15,7 +15,7 @@ from ffdl.client.config import (
     resolve_client_config,
 )
 
-FFDL_VARIABLES = ("FFDL_HOME", "FFDL_URL", "FFDL_TOKEN", "FFDL_CONFIG")
+FFDL_VARIABLES = ("FFDL_HOME", "FFDL_URL", "FFDL_TOKEN", "FFDL_CONFIG", "FFDL_CA_BUNDLE")
 
 
 @pytest.fixture
@@ -102,3 +102,25 @@ def test_malformed_client_file_is_an_error(home: Path, content: str, problem: st
     (home / "client.json").write_text(content)
     with pytest.raises(ConfigError, match=problem):
         resolve_client_config()
+
+
+def test_the_ca_bundle_comes_from_the_environment_or_the_file_of_the_server_used(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = "https://127.0.0.1:8443"
+    (home / "client.json").write_text(
+        json.dumps({"url": served, "token": "t", "ca_bundle": "/etc/ffdl/ca.pem"})
+    )
+    # The file's server: its CA.
+    assert resolve_client_config().ca_bundle == Path("/etc/ffdl/ca.pem")
+    # Another server named in the environment is not verified by the file's CA.
+    monkeypatch.setenv("FFDL_URL", "https://cp2.example:8443")
+    monkeypatch.setenv("FFDL_TOKEN", "other")
+    assert resolve_client_config().ca_bundle is None
+    # FFDL_CA_BUNDLE wins everywhere.
+    monkeypatch.setenv("FFDL_CA_BUNDLE", str(tmp_path / "private-ca.pem"))
+    assert resolve_client_config().ca_bundle == tmp_path / "private-ca.pem"
+    # A named config file that is gone is no error when the URL and token need nothing of it.
+    monkeypatch.delenv("FFDL_CA_BUNDLE")
+    monkeypatch.setenv("FFDL_CONFIG", str(tmp_path / "gone.json"))
+    assert resolve_client_config() == ClientConfig("https://cp2.example:8443", "other")

@@ -143,10 +143,19 @@ def resolve_client_config(
     config = _url_and_credentials(url, token, settings)
     if settings.ca_bundle is not None:
         return replace(config, ca_bundle=settings.ca_bundle.expanduser())
-    from_file = _file_values(settings) if config.url.startswith("https://") else None
+    from_file = _file_ca_bundle_source(settings) if config.url.startswith("https://") else None
     if from_file and from_file.get("ca_bundle") and _same_url(from_file.get("url"), config.url):
         return replace(config, ca_bundle=Path(from_file["ca_bundle"]).expanduser())
     return config
+
+
+def _file_ca_bundle_source(settings: ClientSettings) -> dict[str, str] | None:
+    """The config file's values when it can be read; its CA bundle is a convenience, so an
+    unreadable file (never needed for the URL and credentials) is no error here."""
+    try:
+        return _file_values(settings)
+    except ConfigError:
+        return None
 
 
 def _same_url(written: str | None, used: str) -> bool:

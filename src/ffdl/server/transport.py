@@ -100,7 +100,12 @@ def reload_on_hangup(settings: Settings, context: Callable[[], ssl.SSLContext | 
         if refused is not None or live is None or settings.tls_cert is None:
             log.warning("%s", refused or "SIGHUP: the server is not serving yet")
             return
-        live.load_cert_chain(str(settings.tls_cert), str(settings.tls_key))
+        try:
+            live.load_cert_chain(str(settings.tls_cert), str(settings.tls_key))
+        except (OSError, ssl.SSLError) as exc:
+            # The files changed again between the check and the load.
+            log.warning("SIGHUP: %s; still serving the current certificate", exc)
+            return
         log.info("SIGHUP: serving the certificate in %s to new connections", settings.tls_cert)
 
     signal.signal(signal.SIGHUP, hangup)
