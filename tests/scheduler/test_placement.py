@@ -104,7 +104,9 @@ def test_never_fits_reasons() -> None:
     assert never_fits(job(2, 4), nodes) is None
     assert never_fits(job(1, 8), nodes) == "needs 8 GPUs per learner but the largest node has 4"
     assert never_fits(job(4, 4), nodes) == "needs 16 GPUs in total but the cluster has 8"
-    assert never_fits(job(1, 1, gpu_type="a100"), nodes) == "no node has gpu_type=a100"
+    assert never_fits(job(1, 1, gpu_type="a100"), nodes) == (
+        "no node has gpu_type=a100 (the cluster's: v100)"
+    )
     assert never_fits(job(1, 1, cpus=64.0), nodes) == (
         "needs 64 CPUs per learner but the largest node has 32"
     )

@@ -353,8 +353,9 @@ def never_fits_on(job: QueuedJob, shape: ClusterShape) -> str | None:
         return "needs at least one learner"
     classes = _typed(shape.classes, job.gpu_type)
     if not classes:
-        if job.gpu_type is not None:
-            return f"no node has gpu_type={job.gpu_type}"
+        if job.gpu_type is not None and shape.classes:
+            present = sorted({c.gpu_type for c in shape.classes})
+            return f"no node has gpu_type={job.gpu_type} (the cluster's: {', '.join(present)})"
         return "the cluster has no nodes"
     kind = f"{job.gpu_type} " if job.gpu_type else ""
     # Hosts without GPUs offer CPU slots in their place: say so.
