@@ -56,7 +56,10 @@ def test_checkpoints_reach_the_store_while_the_command_runs_and_come_back(
 
     # The command has not ended: the checkpoint went there while it ran.
     assert run.process.poll() is None and not release.exists()
-    assert "saved" in api.log_texts("stdout")
+    # The line printed before the wait arrives in its own time: reports are batched, and
+    # a sync may reach the store first.
+    wait_until(lambda: "saved" in api.log_texts("stdout"), what="the command's line")
+    assert run.process.poll() is None
     release.touch()
     assert run.wait() == 0
     assert api.statuses()[-1] == "COMPLETED"
