@@ -3,6 +3,8 @@ CA bundles clients verify servers by."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -116,3 +118,19 @@ def test_plain_http_off_loopback_is_warned_about(
         assert warning is None
     else:
         assert warning is not None and warned in warning and "clear text" in warning
+
+
+def test_up_names_the_missing_half_of_the_pair_in_one_line(tmp_path: Path) -> None:
+    server = [sys.executable, "-m", "ffdl.server.main", "--home", str(tmp_path / "home")]
+    done = subprocess.run(
+        [*server, "--port", "0", "--tls-cert", str(tmp_path / "server.pem")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "ffdl: invalid settings: tls_cert is set but tls_key is not: HTTPS needs both"
+    )
+    assert not (tmp_path / "home" / "ffdl.db").exists()

@@ -89,6 +89,16 @@ def ffdl_cli(
     )
 
 
+def environment_for(server: LiveServer, home: Path, ca_bundle: Path) -> dict[str, str]:
+    """A user's environment naming ``server`` and a CA, with no config file in ``home``."""
+    return {
+        "FFDL_HOME": str(home),
+        "FFDL_URL": server.url,
+        "FFDL_TOKEN": server.token,
+        "FFDL_CA_BUNDLE": str(ca_bundle),
+    }
+
+
 def test_the_cli_trains_and_follows_a_job_over_https_and_its_learner_reports_over_it(
     https_server: LiveServer, pki: Pki, tmp_path: Path
 ) -> None:
@@ -123,12 +133,7 @@ def test_the_cli_trains_and_follows_a_job_over_https_and_its_learner_reports_ove
     # FFDL_URL, FFDL_TOKEN and FFDL_CA_BUNDLE, with no config file at all.
     listing = ffdl_cli(
         "list",
-        env={
-            "FFDL_HOME": str(tmp_path / "no-home"),
-            "FFDL_URL": https_server.url,
-            "FFDL_TOKEN": https_server.token,
-            "FFDL_CA_BUNDLE": str(pki.authority.cert_file),
-        },
+        env=environment_for(https_server, tmp_path / "no-home", pki.authority.cert_file),
     )
     assert listing.returncode == 0, listing.stderr
     assert job_id in listing.stdout and "COMPLETED" in listing.stdout
@@ -155,12 +160,7 @@ def test_a_server_signed_by_another_ca_is_refused_by_the_cli_in_one_line(
 ) -> None:
     refused = ffdl_cli(
         "list",
-        env={
-            "FFDL_HOME": str(tmp_path),
-            "FFDL_URL": https_server.url,
-            "FFDL_TOKEN": https_server.token,
-            "FFDL_CA_BUNDLE": str(pki.stranger.cert_file),
-        },
+        env=environment_for(https_server, tmp_path, pki.stranger.cert_file),
     )
     assert refused.returncode == 1
     assert "Traceback" not in refused.stderr
@@ -168,12 +168,7 @@ def test_a_server_signed_by_another_ca_is_refused_by_the_cli_in_one_line(
     assert "(unable to get local issuer certificate)" in refused.stderr
     unreadable = ffdl_cli(
         "list",
-        env={
-            "FFDL_HOME": str(tmp_path),
-            "FFDL_URL": https_server.url,
-            "FFDL_TOKEN": https_server.token,
-            "FFDL_CA_BUNDLE": str(tmp_path / "missing-ca.pem"),
-        },
+        env=environment_for(https_server, tmp_path, tmp_path / "missing-ca.pem"),
     )
     assert unreadable.returncode == 1
     assert f"CA bundle {tmp_path / 'missing-ca.pem'}: cannot be read" in unreadable.stderr

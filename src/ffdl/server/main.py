@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import uvicorn
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from ffdl.backends.local import NO_SANDBOX_WARNING
 from ffdl.backends.simulated import SIMULATED_WARNING
@@ -68,10 +69,7 @@ def serve(
         _check_cgroup_parent(settings)
         policy = pool_policy(settings)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
-            for error in exc.errors()
-        )
+        problems = "; ".join(_problem(error) for error in exc.errors())
         raise SystemExit(f"ffdl: invalid settings: {problems}") from None
     except ValueError as exc:
         raise SystemExit(f"ffdl: {exc}") from None
@@ -100,6 +98,13 @@ def serve(
     )
     reload_on_hangup(settings, lambda: config.ssl)
     uvicorn.Server(config).run()
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One refused setting as ``name: reason`` (a rule across settings names them itself)."""
+    reason = str(error["msg"]).removeprefix("Value error, ")
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {reason}" if where else reason
 
 
 def _check_cgroup_parent(settings: Settings) -> None:

@@ -281,16 +281,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _certificate_with_key(self) -> Settings:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            given, missing = (
-                ("tls_cert", "tls_key")
-                if self.tls_key is None
-                else (
-                    "tls_key",
-                    "tls_cert",
-                )
-            )
-            raise ValueError(f"{given} is set but {missing} is not: HTTPS needs both")
+        if self.tls_cert is not None and self.tls_key is None:
+            raise ValueError("tls_cert is set but tls_key is not: HTTPS needs both")
+        if self.tls_key is not None and self.tls_cert is None:
+            raise ValueError("tls_key is set but tls_cert is not: HTTPS needs both")
         return self
 
     @field_validator("ray_address")
