@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
 import ray
@@ -53,6 +53,9 @@ MIN_BUNDLE_CPU = 0.01
 ASK_TIMEOUT_S = 10.0
 RAYLET_TIMEOUT_S = 2.0
 GANG_WAIT_S = 5.0
+# A gang not yet wholly launched keeps its placement group this long after the platform
+# last tried to launch one of its learners, even when none of its learners lives now.
+LAUNCH_GRACE_S = 30.0
 MEBIBYTE = 1024 * 1024
 
 
@@ -105,6 +108,21 @@ def describe_node(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@dataclass
+class GangLaunch:
+    """What this process knows of one attempt's gang while its learners are launched."""
+
+    size: int
+    launched: set[int] = field(default_factory=set)
+    # Learner 1's rendezvous address, kept: a short learner 1 may have ended (and its actor
+    # with it) before the platform launches the last of the others.
+    master: dict[str, Any] | None = None
+    last_try: float = field(default_factory=time.monotonic)
+
+    def waits_for_more(self, now: float) -> bool:
+        return len(self.launched) < self.size and now - self.last_try < LAUNCH_GRACE_S
+
+
 class Driver:
     def __init__(self, config: RayConfig) -> None:
         self.config = config
@@ -112,6 +130,9 @@ class Driver:
         # Placement groups a launch in this process is filling: never reaped meanwhile.
         self._launching: set[str] = set()
         self._launch_lock = threading.Lock()
+        # Gangs being launched, by placement group: one whose platform still launches its
+        # learners is not reaped between two tries, though none of its actors lives.
+        self._gangs: dict[str, GangLaunch] = {}
         # Placement group -> when it was first seen without a live actor.
         self._empty_since: dict[str, float] = {}
         # Nodes whose raylet stopped answering while Ray still counts them alive: nothing is
@@ -163,17 +184,23 @@ class Driver:
         group = pg_name(training_id, attempt)
         with self._launch_lock:
             self._launching.add(group)
+            gang = self._gangs.setdefault(group, GangLaunch(int(spec["num_learners"])))
+            gang.last_try = time.monotonic()
         try:
             host = self._existing_actor(name)
             if host is None:
                 pg = self._gang(group, args)
-                host = self._start_host(name, pg, args)
+                host = self._start_host(name, pg, args, gang)
             info = ray.get(host.ready.remote(), timeout=self.config.launch_timeout_s)
+            if learner == 1 and gang.size > 1 and gang.master is None:
+                gang.master = ray.get(host.master.remote(), timeout=ASK_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise Unavailable(f"learner {learner} of {training_id} did not start in time") from None
         finally:
             with self._launch_lock:
                 self._launching.discard(group)
+        with self._launch_lock:
+            gang.launched.add(int(learner))
         handle = {
             "ray_actor": name,
             "ray_placement_group": group,
@@ -212,7 +239,12 @@ class Driver:
                 bundle_label_selector=[{NODE_ID_LABEL: ids[g["node"]]} for g in gang],
             )
         # Not long: the platform asks again on its next pass, and its loop must not stall.
-        if not pg.wait(min(GANG_WAIT_S, self.config.launch_timeout_s)):
+        try:
+            reserved = pg.wait(min(GANG_WAIT_S, self.config.launch_timeout_s))
+        except Exception as exc:
+            # Removed since it was looked up (Ray raises a bare Exception): made anew next try.
+            raise Unavailable(f"Ray dropped the gang {group} ({exc})") from None
+        if not reserved:
             raise Unavailable(f"Ray has not reserved the gang {group} yet")
         return pg
 
@@ -222,16 +254,20 @@ class Driver:
             return {"GPU": float(gpus)}
         return {"CPU": float(gpus) if gpus else MIN_BUNDLE_CPU}
 
-    def _start_host(self, name: str, pg: PlacementGroup, args: dict[str, Any]) -> Any:
+    def _start_host(
+        self, name: str, pg: PlacementGroup, args: dict[str, Any], launch: GangLaunch
+    ) -> Any:
         spec = args["spec"]
         learner = int(spec["learner"])
         bundle = pg.bundle_specs[learner - 1]
         master = None
-        if int(spec["num_learners"]) > 1 and learner > 1:
-            first = self._existing_actor(actor_name(spec["training_id"], 1, spec["attempt"]))
-            if first is None:
-                raise Unavailable("learner 1 of this attempt is not running")
-            master = ray.get(first.master.remote(), timeout=ASK_TIMEOUT_S)
+        if launch.size > 1 and learner > 1:
+            master = launch.master
+            if master is None:
+                first = self._existing_actor(actor_name(spec["training_id"], 1, spec["attempt"]))
+                if first is None:
+                    raise Unavailable("learner 1 of this attempt has not started")
+                master = launch.master = ray.get(first.master.remote(), timeout=ASK_TIMEOUT_S)
         options: dict[str, Any] = {
             "name": name,
             "namespace": self.config.namespace,
@@ -308,11 +344,14 @@ class Driver:
         with self._launch_lock:
             if group in self._launching:
                 return
+            gang = self._gangs.get(group)
+            if not at_once and gang is not None and gang.waits_for_more(time.monotonic()):
+                return
         training_id, _, attempt = group[len(PREFIX) :].rpartition("-a")
         try:
             pg = get_placement_group(group)
         except ValueError:
-            self._empty_since.pop(group, None)
+            self._forget(group)
             return
         count = bundles if bundles is not None else len(pg.bundle_specs)
         names = [actor_name(training_id, i, int(attempt)) for i in range(1, count + 1)]
@@ -322,8 +361,13 @@ class Driver:
         first = self._empty_since.setdefault(group, time.monotonic())
         if at_once or time.monotonic() - first >= REAPER_INTERVAL_S:
             remove_placement_group(pg)
-            self._empty_since.pop(group, None)
+            self._forget(group)
             log.info("removed placement group %s", group)
+
+    def _forget(self, group: str) -> None:
+        self._empty_since.pop(group, None)
+        with self._launch_lock:
+            self._gangs.pop(group, None)
 
 
 class Unavailable(Exception):
