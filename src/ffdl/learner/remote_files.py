@@ -6,7 +6,9 @@ platform's disk (the Ray backend's nodes).
 links, and sends them (``PUT /v1/internal/jobs/{id}/learners/{n}/results``): the API
 unpacks them into the job's results location, results at the top and the log directory
 under ``logs/learner-N/``, exactly where the local backend's STORING step copies them. Both
-authenticate with the job token and retry a lost connection or a 502/503/504 a few times.
+authenticate with the job token and retry a lost connection or a 502/503/504 for up to
+``RETRY_FOR_S``, backing off: long enough to outlast a restart of the control plane, as
+the learner's reports do.
 
 Standard library only (``http.client``), because it runs in the controller's environment.
 """
@@ -44,8 +46,11 @@ ZIP_TYPE = "application/zip"
 TIMEOUT_S = 60.0
 # An upload's answer comes once the API has unpacked it all: allow for a large one.
 UPLOAD_TIMEOUT_S = 600.0
-ATTEMPTS = 3
+# Retries back off from RETRY_AFTER_S, doubling up to MAX_RETRY_AFTER_S, until RETRY_FOR_S
+# have passed since the first try.
+RETRY_FOR_S = 120.0
 RETRY_AFTER_S = 1.0
+MAX_RETRY_AFTER_S = 15.0
 # Answers that say the API is restarting or behind a proxy that lost it: worth a retry.
 RETRY_STATUSES = frozenset({502, 503, 504})
 CHUNK_BYTES = 1 << 20
@@ -101,20 +106,26 @@ def _refusal(method: str, url: str, status: int, body: bytes) -> Exception:
 
 
 def _with_retries(method: str, url: str, once: Callable[[], int]) -> int:
-    """Run ``once`` until it returns, retrying a lost connection or a retryable status."""
+    """Run ``once`` until it returns, retrying a lost connection or a retryable status until
+    ``RETRY_FOR_S`` have passed."""
     import http.client
 
-    problem = ""
-    for attempt in range(ATTEMPTS):
-        if attempt:
-            time.sleep(RETRY_AFTER_S * attempt)
+    started = time.monotonic()
+    delay = RETRY_AFTER_S
+    tries = 0
+    while True:
+        tries += 1
         try:
             return once()
         except _Retry as exc:
             problem = str(exc)
         except (OSError, http.client.HTTPException) as exc:
             problem = f"{method} {url}: {type(exc).__name__}: {exc}"
-    raise RemoteFileError(f"{problem} (tried {ATTEMPTS} times)")
+        waited = time.monotonic() - started
+        if waited + delay > RETRY_FOR_S:
+            raise RemoteFileError(f"{problem} (tried {tries} times over {waited:.0f} s)")
+        time.sleep(delay)
+        delay = min(delay * 2, MAX_RETRY_AFTER_S)
 
 
 def fetch_code(
