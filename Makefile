@@ -33,8 +33,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two workers by default (CI has two cores); each takes whole test files, so a module's
+# shared fixtures (its Ray cluster, its PostgreSQL server) are made once. The tests marked
+# `serial` (live timings against a model, one process's pace) run afterwards, with the
+# machine to themselves. Files go out in collection order, which tests/conftest.py starts
+# with the longest. PYTEST_WORKERS=0 runs the first part in one process too.
+PYTEST_WORKERS ?= 2
+
 test: lint typecheck docs
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"
+	$(BIN)/pytest -q -m serial
 
 # The documentation site, from docs/ and the pages generated from the code
 # (tools/docs_hooks.py), into site/; any broken link or anchor fails the build.

@@ -224,10 +224,37 @@ class LiveServer:
                 raise AssertionError(f"{job_id} ended {status}: {model['training']}")
             return None
 
-        result: dict[str, Any] = wait_for(
-            reached, timeout=timeout, interval=0.1, what=f"{job_id} to reach {targets}"
-        )
+        try:
+            result: dict[str, Any] = wait_for(
+                reached, timeout=timeout, interval=0.1, what=f"{job_id} to reach {targets}"
+            )
+        except AssertionError as timed_out:
+            try:
+                diagnosis = self.diagnosis(job_id)
+            except Exception as exc:  # the server itself may be what went wrong
+                diagnosis = f"(no diagnosis: {exc!r})\n{self.log_tail(60)}"
+            raise AssertionError(f"{timed_out}\n{diagnosis}") from None
         return result
+
+    def diagnosis(self, job_id: str) -> str:
+        """What a failed wait needs to be understood: the job's status, its last events and
+        learners, and the end of the server's log."""
+        model = self.model(job_id)
+        events = [
+            f"  {e['time']} {e.get('from')} -> {e['to']} learner={e.get('learner')}: "
+            f"{e.get('reason') or ''}"
+            for e in model.get("events", [])[-12:]
+        ]
+        return "\n".join(
+            [
+                f"{job_id} is {model['training']['training_status']['status']}",
+                f"learners: {model.get('learners')}",
+                "events:",
+                *events,
+                "server log:",
+                self.log_tail(60),
+            ]
+        )
 
     def loglines(self, job_id: str, **params: Any) -> list[dict[str, Any]]:
         response = self.client.get(

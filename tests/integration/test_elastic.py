@@ -223,29 +223,35 @@ def test_a_job_left_waiting_too_long_takes_turns_with_a_running_one(tmp_path: Pa
     config = {
         **elastic_config(3600),
         "nodes": [{"name": "node-a", "gpus": 2, "cpus": 8, "memory": "16GiB", "gpu_type": "cpu"}],
-        "fairness_after_s": 4,
+        "fairness_after_s": 8,
     }
     both_gpus = {"gpus": {"min": 2, "max": 2}, "batch_size": {"min": 64, "max": 64}}
-    steps = {"steps.py": ELASTIC_STEPS.replace("TOTAL", "200")}
+    # The first sleeps 12 s in all, more than one 8-s turn, so it must yield; the second ends
+    # well within its turn, so there is one swap however slow the machine (a turn is counted
+    # from the start, so on a busy machine the learners' start eats into each one).
+    long_steps = ELASTIC_STEPS.replace("TOTAL", "60").replace("sleep(0.05)", "sleep(0.2)")
+    short_steps = ELASTIC_STEPS.replace("TOTAL", "10")
     with serving(LiveServer(home=tmp_path / "home", config=config)) as server:
         first = server.submit_ok(
-            manifest_yaml("python steps.py", learners=2, elastic=both_gpus), steps
+            manifest_yaml("python steps.py", learners=2, elastic=both_gpus),
+            {"steps.py": long_steps},
         )
         _wait_learners(server, first, 2)
         second = server.submit_ok(
-            manifest_yaml("python steps.py", learners=2, elastic=both_gpus), steps
+            manifest_yaml("python steps.py", learners=2, elastic=both_gpus),
+            {"steps.py": short_steps},
         )
         server.wait_status(second, {"PROCESSING"}, timeout=60)
         assert server.status(first) not in {"COMPLETED", "PROCESSING"}, "the first yielded"
         stops = [e for e in server.model(first)["events"] if e["to"] == "HALTING"]
         assert stops and "waited too long" in stops[0]["reason"], stops
 
-        for job_id in (first, second):
-            server.wait_status(job_id, {"COMPLETED"}, timeout=180)
+        for job_id in (second, first):
+            server.wait_status(job_id, {"COMPLETED"}, timeout=120)
         # The first resumed from its checkpoint instead of starting over.
         resumed = [start for _, _, start in _starts(server, first)]
         assert resumed[0] == 0 and max(resumed) > 0, resumed
-        assert _reported_steps(server, first) == 200
+        assert _reported_steps(server, first) == 60
 
 
 # Reads its batch again at every epoch, as a training loop that rebatches in place does.

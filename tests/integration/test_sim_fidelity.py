@@ -10,9 +10,10 @@ beyond its sleep (noticing the previous job ended, placement, deployment, contro
 staging, status reporting). The median, because one link slowed by a busy machine would
 otherwise shift every simulated completion. Measured run times of the twenty jobs are not
 used. The start order must be the same, and every completion time (from the first
-submission) within 10%, or within one start overhead for the first jobs, whose 10% is less
-than one start's jitter on a busy machine. The overhead is about 0.4-0.5 s per job on an
-idle machine.
+submission) within 10% (or one start overhead for the first jobs, whose 10% is less than
+one start's jitter on a busy machine), plus the jitter this machine showed in the calibration
+chain: its slowest link less its fastest. The overhead is about 0.4-0.5 s per job on an idle
+machine and the jitter under 0.1 s; a busy machine widens both, and the bound with them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import random
 import statistics
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+import pytest
 
 from ffdl.core.resources import Node, Resources
 from ffdl.sim.engine import Simulator
@@ -34,6 +37,9 @@ from tests.integration.live import (
     running_server,
     wait_for,
 )
+
+# Live completion times against the simulator's: other work on the machine would skew them.
+pytestmark = pytest.mark.serial
 
 NODES = [
     {"name": "node-a", "gpus": 2, "cpus": 8, "memory": "8GiB", "gpu_type": "cpu"},
@@ -93,8 +99,14 @@ def manifest(job: dict[str, Any], name: str) -> str:
     )
 
 
-def measure_overhead(server: LiveServer) -> float:
-    """Seconds a queued job adds to its sleep, from a chain of whole-cluster jobs.
+class StartOverhead(NamedTuple):
+    median_s: float
+    spread_s: float
+
+
+def measure_overhead(server: LiveServer) -> StartOverhead:
+    """Seconds a queued job adds to its sleep, from a chain of whole-cluster jobs, and how
+    much the links of the chain differ (the machine's jitter on one start).
 
     Each calibration job takes every GPU, so they run one after another; each link of the
     chain (the first job's submission to its end, then one end to the next) is one sleep
@@ -109,12 +121,13 @@ def measure_overhead(server: LiveServer) -> float:
         stamp(server.model(job_id)["training"]["training_status"]["completed_at"]) for job_id in ids
     ]
     links = [b - a for a, b in zip([stamp(first), *ends[:-1]], ends, strict=True)]
-    return statistics.median(links) - CALIBRATION_SLEEP_S
+    return StartOverhead(statistics.median(links) - CALIBRATION_SLEEP_S, max(links) - min(links))
 
 
 def test_simulator_matches_the_platform_on_queued_gangs(tmp_path: Path) -> None:
     with running_server(tmp_path / "home", **CONFIG) as server:
-        overhead = measure_overhead(server)
+        calibration = measure_overhead(server)
+        overhead = calibration.median_s
         assert 0 < overhead < 5, f"implausible start overhead {overhead:.2f} s"
 
         jobs = workload()
@@ -169,8 +182,9 @@ def test_simulator_matches_the_platform_on_queued_gangs(tmp_path: Path) -> None:
         assert sim_end is not None
         live = live_end - origin
         # An early job's 10% is less than one start's jitter on a busy machine: no job
-        # need match closer than one start overhead.
-        assert abs(sim_end - live) <= max(TOLERANCE * live, overhead), (
+        # need match closer than one start overhead, nor closer than the jitter measured.
+        bound = max(TOLERANCE * live, overhead) + calibration.spread_s
+        assert abs(sim_end - live) <= bound, (
             f"{job_id}: simulated completion {sim_end:.2f} s, platform {live:.2f} s "
-            f"(overhead {overhead:.2f} s)"
+            f"(overhead {overhead:.2f} s, spread {calibration.spread_s:.2f} s)"
         )
