@@ -11,12 +11,13 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, insert, select
 
 from ffdl.server.store.db import Store
-from ffdl.server.store.models import NodeState
+from ffdl.server.store.models import LogLine, NodeState
 from ffdl.server.store.schema import upgrade
 from ffdl.server.store.transitions import utcnow
+from tests.server.factories import make_job, make_store
 
 # Each process adds one to a counter, read then written in one write session, many times.
 INCREMENTS = """
@@ -83,3 +84,38 @@ def test_processes_sharing_the_file_lose_no_read_then_write(tmp_path: Path) -> N
             assert counter is not None and counter.reason == str(processes * rounds)
     finally:
         store.dispose()
+
+
+def test_many_rows_go_to_sqlite_as_multi_row_statements(tmp_path: Path) -> None:
+    """One statement per row would make the driver give up and retake the GIL for every
+    row, which a busy server's other threads turn into a wait per row."""
+    store = make_store(tmp_path)
+    job_id = make_job(store)
+    statements: list[str] = []
+
+    def record(
+        _conn: object, _cursor: object, sql: str, _params: object, _ctx: object, executemany: bool
+    ) -> None:
+        if sql.startswith("INSERT INTO log_lines"):
+            statements.append(sql)
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    rows = [
+        {
+            "job_id": job_id,
+            "learner": 1,
+            "attempt": 1,
+            "seq": n,
+            "number": n,
+            "stream": "stdout",
+            "text": f"line {n}",
+            "time": 1.7e9 + n,
+        }
+        for n in range(1, 2501)
+    ]
+    with store.write() as session:
+        session.execute(insert(LogLine.__table__), rows)
+    with store.read() as session:
+        stored = session.scalars(select(LogLine.text).order_by(LogLine.number)).all()
+    assert stored == [f"line {n}" for n in range(1, 2501)]
+    assert [sql.count("(?, ?, ?, ?, ?, ?, ?, ?)") for sql in statements] == [1000, 1000, 500]

@@ -21,10 +21,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import insert, select
+from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import AuthError, BadRequest, ConflictError, Gone, IllegalTransition, NotFound
@@ -62,6 +62,9 @@ from ffdl.server.store.transitions import set_learner_status, utcnow
 log = logging.getLogger("ffdl.server.reports")
 
 MAX_BATCH_ITEMS = 5000
+# Report rows go in on the tables themselves (see ``_flush``).
+LOG_LINES = cast(Table, LogLine.__table__)
+METRICS = cast(Table, Metric.__table__)
 # The platform puts a learner in PENDING; a controller reports only what follows.
 REPORTABLE_STATUSES = frozenset(LearnerStatus) - {LearnerStatus.PENDING}
 
@@ -84,6 +87,19 @@ class ReportItem(BaseModel):
     iteration: int | None = None
     values: dict[str, float] = Field(default_factory=dict)
     gpus: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class LogItem(BaseModel):
+    """A log line, the item a controller sends most: the same fields as ``ReportItem``'s,
+    without the others, which makes checking it a quarter of the cost."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["log"]
+    seq: int
+    time: float
+    stream: str = "stdout"
+    text: str = ""
 
 
 class ReportBatch(BaseModel):
@@ -118,7 +134,7 @@ class ReportAck:
 @dataclass(frozen=True, slots=True)
 class _Parsed:
     seq: int
-    item: ReportItem | None
+    item: ReportItem | LogItem | None
     problem: str | None  # why the item is dropped
     kind: str
 
@@ -194,7 +210,7 @@ def _store_batch(
             reason = entry.problem or "malformed"
             text = f"[ffdl] dropped {entry.kind} (report item {entry.seq}): {reason}"
             logs.append(_warning_row(job_id, learner_index, batch.attempt, entry.seq, text))
-        elif item.type == "log":
+        elif isinstance(item, LogItem):
             logs.append(_log_row(job_id, learner_index, batch.attempt, item))
         elif item.type == "emetric":
             metrics.append(_metric_row(job_id, learner_index, batch.attempt, item))
@@ -249,7 +265,9 @@ def _parse_items(raw_items: list[dict[str, Any]]) -> list[_Parsed]:
         kind = raw.get("type")
         kind_text = kind if kind in ("status", "log", "emetric", "gpu") else "item"
         try:
-            item = ReportItem.model_validate(raw)
+            item: ReportItem | LogItem = (
+                LogItem.model_validate(raw) if kind == "log" else ReportItem.model_validate(raw)
+            )
         except ValidationError as error:
             first = error.errors(include_url=False)[0]
             where = ".".join(str(part) for part in first["loc"]) or "item"
@@ -272,17 +290,17 @@ def _fresh_items(parsed: list[_Parsed], report_seq: int) -> list[_Parsed]:
     return parsed[expected - parsed[0].seq :]
 
 
-def _item_problem(item: ReportItem) -> str | None:
+def _item_problem(item: ReportItem | LogItem) -> str | None:
     """Why ``item`` cannot be stored as it is, or None. Statuses carry no stored numbers
     but their exit code; their time is not stored, so it is not checked."""
+    if isinstance(item, LogItem):
+        return time_problem(item.time)
     if item.type == "status":
         if item.exit_code is not None and not -(2**31) <= item.exit_code <= 2**31 - 1:
             return "exit code out of range"
         return None
     if (problem := time_problem(item.time)) is not None:
         return problem
-    if item.type == "log":
-        return None
     if item.type == "gpu":
         return gpu_item_problem(item.gpus)
     if (problem := iteration_problem(item.iteration)) is not None:
@@ -319,13 +337,19 @@ def _aggregate(session: Session, job: Job) -> None:
 def _flush(
     session: Session, job: Job, logs: list[dict[str, Any]], metrics: list[dict[str, Any]]
 ) -> None:
+    if not logs and not metrics:
+        return
+    # Pending changes go first, as an ORM insert's autoflush would put them; the rows go
+    # in as one executemany on the tables themselves, which skips the ORM's per-row
+    # bookkeeping (most of a report's cost on the server).
+    session.flush()
     if logs:
         number_lines(job, logs)
-        session.execute(insert(LogLine), logs)
+        session.execute(insert(LOG_LINES), logs)
         logs.clear()
     if metrics:
         number_metrics(job, metrics)
-        session.execute(insert(Metric), metrics)
+        session.execute(insert(METRICS), metrics)
         metrics.clear()
 
 
@@ -342,7 +366,7 @@ def _warning_row(job_id: str, learner: int, attempt: int, seq: int, text: str) -
     }
 
 
-def _log_row(job_id: str, learner: int, attempt: int, item: ReportItem) -> dict[str, Any]:
+def _log_row(job_id: str, learner: int, attempt: int, item: LogItem) -> dict[str, Any]:
     return {
         "job_id": job_id,
         "learner": learner,

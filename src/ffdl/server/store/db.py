@@ -205,6 +205,14 @@ class Store:
                 f"unsupported database URL {safe_url(url)}: use sqlite:///PATH or "
                 "postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE"
             )
+        # On SQLite an INSERT of many rows goes out as multi-row statements (of up to
+        # 1,000 rows) rather than one statement per row. With one per row the driver lets
+        # go of the GIL and takes it back for every row, and while any other thread of the
+        # process computes, each take waits for a switch interval (benchmarks/
+        # bench_sqlite_inserts.py). psycopg already sends a pipeline of rows, and parses a
+        # long multi-row statement anew each time (half the rate there), so it keeps its own.
+        if self.dialect == "sqlite":
+            self.engine.dialect.use_insertmanyvalues_wo_returning = True
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(write_bind, expire_on_commit=False)
         self._write_lock = threading.RLock()
