@@ -14,6 +14,9 @@ This script owns the training side of that contract:
   ``accumulate_gradients: true``), so a batch of 128 fits one learner;
 - the learning rate follows the linear scaling rule, ``lr = BASE_LR * batch / BASE_BATCH``
   (0.002 at the base batch of 64), decayed over the run by a cosine schedule;
+- with ``elastic.rebatch_in_place: true`` the platform may change the batch without a
+  restart: at each epoch boundary rank 0 reads the batch it is told now (``context()``),
+  every rank takes it, and the learning rate follows;
 - rank 0 checkpoints at every epoch end and every rank resumes from the newest checkpoint;
 - all ranks agree on stopping at each epoch boundary, so a halt never splits the gang.
 
@@ -30,7 +33,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +111,22 @@ def parse_arguments(job: JobContext) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=job.batch_size or BASE_BATCH)
     parser.add_argument("--base-lr", type=float, default=BASE_LR)
     return parser.parse_args()
+
+
+def batch_now(gang: Gang, current: int) -> tuple[int, JobContext]:
+    """The global batch to train the next epoch with, and the context that splits it into
+    micro-batches: what the platform tells the job now (a batch changed in place), else
+    ``current``. Rank 0's reading, sent to every rank, so that the gang never disagrees."""
+    job = context()
+    told = [job.batch_size or current, job.micro_batch_size or 0, job.accumulation_steps]
+    if gang.distributed:
+        values = torch.tensor(told, dtype=torch.int64)
+        dist.broadcast(values, src=0)
+        told = [int(value) for value in values]
+    batch, micro, steps = told
+    return batch, replace(
+        gang.job, batch_size=batch, micro_batch_size=micro or None, accumulation_steps=steps
+    )
 
 
 def scaled_learning_rate(base_lr: float, global_batch: int) -> float:
@@ -387,6 +406,16 @@ def main() -> int:
         if gang_agrees_to_stop(gang):
             stopped = True
             break
+        batch, job_now = batch_now(gang, arguments.batch_size)
+        if batch != arguments.batch_size:
+            arguments.batch_size, gang = batch, replace(gang, job=job_now)
+            peak_lr = scaled_learning_rate(arguments.base_lr, batch)
+            if gang.is_chief:
+                print(
+                    f"rebatch: batch={batch} micro_batch={job_now.micro_batch_size or '-'} "
+                    f"steps={job_now.accumulation_steps} lr={peak_lr:g} epoch={epoch}",
+                    flush=True,
+                )
         for group in optimizer.param_groups:
             group["lr"] = epoch_learning_rate(peak_lr, epoch, arguments.epochs)
         result = train_one_epoch(

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import yaml
 
+from ffdl.sdk.batch_file import write_batch
 from ffdl.sdk.context import DIRECTORY_VARIABLES
 from tests.integration.live import FAST_CONFIG, LiveServer, serving, wait_for
 
@@ -45,10 +46,18 @@ CONFIG_LINE = re.compile(
     r"micro_batch=(?P<micro>\S+) steps=(?P<steps>\d+) lr=(?P<lr>\S+) "
     r"resumed_epoch=(?P<resumed>\d+)$"
 )
+REBATCH_LINE = re.compile(
+    r"^rebatch: batch=(?P<batch>\d+) micro_batch=(?P<micro>\S+) steps=(?P<steps>\d+) "
+    r"lr=(?P<lr>\S+) epoch=(?P<epoch>\d+)$"
+)
 
 
-def run_baseline(root: Path) -> dict[str, Any]:
-    """Train uninterrupted as a single learner would be started, and return metrics.json."""
+def run_learner(
+    root: Path, epochs: int = EPOCHS, told: dict[str, int] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """Run train.py as a single learner would be started, outside the platform; with
+    ``told``, write the batch its controller would write for it to take in place, once its
+    first epoch has ended. Its output and its metrics.json."""
     directories = {name: root / sub for name, sub in DIRECTORY_VARIABLES.items()}
     for path in directories.values():
         path.mkdir(parents=True)
@@ -60,21 +69,38 @@ def run_baseline(root: Path) -> dict[str, Any]:
             "LEARNER_ID": "1",
             "NUM_LEARNERS": "1",
             "FFDL_BATCH_SIZE": str(BASE_BATCH),
+            "FFDL_ATTEMPT": "1",
         }
     )
-    completed = subprocess.run(
-        [sys.executable, str(EXAMPLE_DIR / "train.py"), "--epochs", str(EPOCHS)],
+    learner = subprocess.Popen(
+        [sys.executable, str(EXAMPLE_DIR / "train.py"), "--epochs", str(epochs)],
         env=environment,
         cwd=directories["MODEL_DIR"],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=120,
     )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert "config: learners=1 batch=64 micro_batch=- steps=1 lr=0.002 resumed_epoch=0" in (
-        completed.stdout
-    )
+    assert learner.stdout is not None
+    output = []
+    try:
+        for line in learner.stdout:
+            output.append(line)
+            if told is not None and line.startswith("epoch 1/"):
+                write_batch(directories["JOB_STATE_DIR"], 1, told)
+        learner.wait(timeout=120)
+    finally:
+        learner.kill()
+    text = "".join(output)
+    assert learner.returncode == 0, text
     summary: dict[str, Any] = json.loads((directories["RESULT_DIR"] / "metrics.json").read_text())
+    return text, summary
+
+
+def run_baseline(root: Path) -> dict[str, Any]:
+    """Train uninterrupted as a single learner would be started, and return metrics.json."""
+    output, summary = run_learner(root)
+    assert "config: learners=1 batch=64 micro_batch=- steps=1 lr=0.002 resumed_epoch=0" in output
+    assert "rebatch:" not in output
     return summary
 
 
@@ -264,3 +290,25 @@ def test_a_batch_past_the_gpus_memory_runs_as_accumulated_micro_batches(
     assert response.status_code == 400, response.text
     assert "elastic.local_batch_size" in response.text
     assert "accumulate_gradients: true" in response.text
+
+
+def test_a_batch_told_in_place_is_taken_at_the_next_epoch(tmp_path: Path) -> None:
+    """The batch a controller writes for the attempt (``elastic.rebatch_in_place``; the
+    platform's side is tested in tests/integration/test_elastic.py) is what the example
+    trains its next epoch with, split into the micro-batches it names, its learning rate
+    scaled with it."""
+    told = {"batch_size": 128, "micro_batch_size": 32, "accumulation_steps": 2}
+    output, summary = run_learner(tmp_path, epochs=6, told=told)
+    assert "config: learners=1 batch=64 micro_batch=- steps=1 lr=0.002 resumed_epoch=0" in output
+    rebatches = [m.groupdict() for line in output.splitlines() if (m := REBATCH_LINE.match(line))]
+    assert len(rebatches) == 1, output
+    assert {k: v for k, v in rebatches[0].items() if k != "epoch"} == {
+        "batch": "128",
+        "micro": "32",
+        "steps": "2",
+        "lr": "0.004",
+    }, output
+    # Taken at an epoch boundary after the first, and every epoch still trained once.
+    assert 2 <= int(rebatches[0]["epoch"]) <= 6, output
+    assert [int(n) for n in re.findall(r"^epoch (\d+)/6 ", output, re.M)] == [1, 2, 3, 4, 5, 6]
+    assert summary["epochs"] == 6

@@ -28,17 +28,18 @@ rejects at arrival a job that could never fit the cluster, as the API does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ffdl.core.resources import LearnerPlacement, Resources
 from ffdl.elastic.autoscale import Candidate, autoscale
-from ffdl.elastic.optimizer import ElasticJob
+from ffdl.elastic.optimizer import ElasticJob, Objective
 from ffdl.scheduler.free import slots_for
 from ffdl.scheduler.placement import never_fits
 from ffdl.scheduler.policy import schedule
 from ffdl.scheduler.snapshot import QueuedJob
 from ffdl.sim.jobs import JobRecord, JobState
+from ffdl.sim.live_defaults import LIVE_OBJECTIVE, live_default
 from ffdl.sim.snapshots import build_snapshot
 from ffdl.sim.workload import SimJob
 
@@ -141,9 +142,12 @@ class ElasticPolicy(_Base):
     scheduler over every queued job, elastic ones at the size last chosen for them."""
 
     fixed_batch: bool = False
-    restart_penalty: float = 0.1
-    fairness_after_s: float = 600.0
-    min_rescale_interval_s: float = 120.0
+    restart_penalty: float = live_default("restart_penalty")
+    fairness_after_s: float = live_default("fairness_after_s")
+    min_rescale_interval_s: float = live_default("min_rescale_interval_s")
+    restart_cost_s: float | None = live_default("restart_cost_s")
+    admit_after_s: float = live_default("admit_after_s")
+    objective: Objective = LIVE_OBJECTIVE
 
     def wants_pass(self, sim: SimState) -> bool:
         return bool(sim.queue) or any(r.elastic for r in sim.running.values())
@@ -196,6 +200,9 @@ class ElasticPolicy(_Base):
             fixed_batch=self.fixed_batch,
             fairness_after_s=self.fairness_after_s,
             gpus_per_node=sim.gpus_per_node,
+            restart_cost_s=self.restart_cost_s,
+            admit_after_s=self.admit_after_s,
+            objective=self.objective,
         )
         rescaled = False
         for decision in decisions:
@@ -210,13 +217,17 @@ class ElasticPolicy(_Base):
         return rescaled
 
     def _elastic_job(self, sim: SimState, record: JobRecord, running: bool) -> ElasticJob:
-        # A running job's view only changes when it restarts (its waited time stays 0).
+        # A running job's view changes only when it restarts, but for its age and time run.
         if (
             running
             and isinstance(record.memo, ElasticJob)
             and record.memo_attempt == record.attempt
         ):
-            return record.memo
+            return replace(
+                record.memo,
+                age_s=sim.now - record.submitted,
+                running_s=sim.now - record.productive_from,
+            )
         job = record.job
         family = job.model_family
         assert job.elastic_gpus is not None
@@ -232,6 +243,9 @@ class ElasticPolicy(_Base):
             current_gpus=record.gpus if running else 0,
             current_batch=record.batch if running else None,
             waited_s=0.0 if running else sim.now - record.queued_since,
+            running_s=sim.now - record.productive_from if running else 0.0,
+            age_s=sim.now - record.submitted,
+            restarts=record.restarts,
         )
         if running:
             record.memo, record.memo_attempt = view, record.attempt

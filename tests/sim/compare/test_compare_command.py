@@ -37,6 +37,12 @@ def test_bad_input_is_refused_by_name() -> None:
     assert loads.returncode == 2 and "--loads takes numbers" in loads.stderr
     penalty = run("ffdl.sim.compare", "--restart-penalty", "-1")
     assert penalty.returncode == 2 and "must be >= 0" in penalty.stderr
+    cost = run("ffdl.sim.compare", "--restart-cost-s", "soon")
+    assert cost.returncode == 2 and "--restart-cost-s must be a number" in cost.stderr
+    admit = run("ffdl.sim.compare", "--admit-after-s", "-5")
+    assert admit.returncode == 2 and "--admit-after-s must be >= 0" in admit.stderr
+    objective = run("ffdl.sim.compare", "--objective", "fairest")
+    assert objective.returncode == 2 and "invalid choice: 'fairest'" in objective.stderr
     speed = run("ffdl.sim.compare", "--speed", "guessed")
     assert speed.returncode == 2 and "invalid choice: 'guessed'" in speed.stderr
     too_big = run("ffdl.sim.compare", "--speed", "measured", "--nodes", "32")

@@ -185,6 +185,7 @@ def _view(state: _Running, now: float) -> JobView:
         waited_s=0.0 if state.gpus else now - since,
         age_s=now - job.submit_s,
         last_run_s=state.last_run_s,
+        running_s=now - (state.run_started_s or now) if state.gpus else 0.0,
         restarts=state.restarts,
         observed=state.observed,
     )

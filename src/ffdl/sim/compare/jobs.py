@@ -87,6 +87,7 @@ class JobView:
     waited_s: float  # since it last held GPUs, or since it arrived
     age_s: float  # since it arrived
     last_run_s: float  # length of its last stretch with GPUs (Tiresias's starvation rule)
+    running_s: float  # since it last started running (0 while it holds no GPUs)
     restarts: int
     # Step times it was seen to take: what a policy that learns a job's speed online, as the
     # live autoscaler does, may fit.

@@ -35,11 +35,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ffdl.elastic.efficiency import GradientStats
-from ffdl.elastic.optimizer import ElasticJob, optimize
+from ffdl.elastic.optimizer import ElasticJob, Objective, optimize
 from ffdl.elastic.throughput import FloatArray, prior
 from ffdl.sim.compare.families import Family
 from ffdl.sim.compare.jobs import Decision, JobView
 from ffdl.sim.compare.learning import OnlineFit
+from ffdl.sim.live_defaults import LIVE_OBJECTIVE, live_default
 
 # Tiresias as Pollux's evaluation configures it: two queues, a job moving to the second once
 # it has held 16 GPU-hours, and no starvation rule (a factor of 0 turns it off).
@@ -162,8 +163,11 @@ class FfdlElastic:
     name: str = "elastic"
     fixed_batch: bool = False
     learns_speed: bool = False
-    restart_penalty: float = 0.1
-    fairness_after_s: float = 600.0
+    restart_penalty: float = live_default("restart_penalty")
+    fairness_after_s: float = live_default("fairness_after_s")
+    restart_cost_s: float | None = live_default("restart_cost_s")
+    admit_after_s: float = live_default("admit_after_s")
+    objective: Objective = LIVE_OBJECTIVE
     learned: OnlineFit = field(init=False, default_factory=OnlineFit, repr=False)
 
     def decide(
@@ -178,6 +182,9 @@ class FfdlElastic:
             fairness_after_s=self.fairness_after_s,
             fixed_batch=self.fixed_batch,
             gpus_per_node=gpus_per_node,
+            restart_cost_s=self.restart_cost_s,
+            admit_after_s=self.admit_after_s,
+            objective=self.objective,
         )
         return {
             a.job_id: Decision(a.gpus, a.batch_size or jobs[i].batch)
@@ -203,5 +210,8 @@ class FfdlElastic:
             current_gpus=view.gpus,
             current_batch=view.batch if view.gpus else None,
             waited_s=view.waited_s,
+            running_s=view.running_s,
+            age_s=view.age_s,
+            restarts=view.restarts,
             remaining_samples=view.remaining_samples,
         )

@@ -232,6 +232,19 @@ def loads_and_seeds(
         parser.error("--loads takes numbers and --seeds whole numbers, comma-separated")
 
 
+def restart_cost(parser: argparse.ArgumentParser, text: str) -> float | None:
+    """``--restart-cost-s``: seconds >= 0, or ``none``."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        parser.error(f"--restart-cost-s must be a number of seconds >= 0 or 'none', not {text!r}")
+    return value
+
+
 def pollux_search(parser: argparse.ArgumentParser, text: str | None) -> tuple[int, int] | None:
     """``--pollux-search`` as (population, generations), or the parser's usage error."""
     if text is None:
@@ -263,10 +276,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--report", type=Path, default=None, help="directory for the report")
     parser.add_argument(
+        "--restart-cost-s",
+        default=None,
+        help="for ffdl's elastic policies: a rescale's cost in seconds, charged against the "
+        "job's age, or 'none' to charge --restart-penalty flat (default: the live setting)",
+    )
+    parser.add_argument(
         "--restart-penalty", type=float, default=None, help="for ffdl's elastic policies"
     )
     parser.add_argument(
         "--fairness-after-s", type=float, default=None, help="for ffdl's elastic policies"
+    )
+    parser.add_argument(
+        "--admit-after-s", type=float, default=None, help="for ffdl's elastic policies"
+    )
+    parser.add_argument(
+        "--objective",
+        choices=("throughput", "proportional"),
+        default=None,
+        help="for ffdl's elastic policies (default: the live setting)",
     )
     parser.add_argument(
         "--pollux-search",
@@ -291,16 +319,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--speed measured: the profiles cover up to {MEASURED_NODES} nodes of "
             f"{MEASURED_GPUS_PER_NODE} GPUs"
         )
-    tuned = {
+    tuned: dict[str, object] = {
         key: value
         for key, value in (
             ("restart_penalty", args.restart_penalty),
             ("fairness_after_s", args.fairness_after_s),
+            ("admit_after_s", args.admit_after_s),
         )
         if value is not None
     }
-    if any(value < 0 for value in tuned.values()):
-        parser.error("--restart-penalty and --fairness-after-s must be >= 0")
+    if any(isinstance(value, float) and value < 0 for value in tuned.values()):
+        parser.error("--restart-penalty, --fairness-after-s and --admit-after-s must be >= 0")
+    if args.objective is not None:
+        tuned["objective"] = args.objective
+    if args.restart_cost_s is not None:
+        tuned["restart_cost_s"] = restart_cost(parser, args.restart_cost_s)
 
     def make(name: str) -> Policy:
         policy = POLICIES[name]()

@@ -32,18 +32,11 @@ from ffdl.elastic.autoscale import autoscale
 from ffdl.elastic.candidates import JobState, elastic_candidate
 from ffdl.elastic.optimizer import Objective
 from ffdl.elastic.throughput import FloatArray, prior
-from ffdl.server.settings import Settings
 from ffdl.sim.faithful.engine import FIXED_BATCH, Allocation, JobInfo, RoundPlan
 from ffdl.sim.faithful.goodput import EPS, GoodputFunction
 from ffdl.sim.faithful.policies import MAX_REPLICAS, ONE_GPU
 from ffdl.sim.faithful.traces import Application
-
-
-def _default(name: str) -> float:
-    return float(Settings.model_fields[name].default)
-
-
-_DEFAULT_OBJECTIVE: Objective = Settings.model_fields["elastic_objective"].default
+from ffdl.sim.live_defaults import LIVE_OBJECTIVE, live_default
 
 
 @dataclass(frozen=True)
@@ -110,17 +103,17 @@ def pack(wanted: int, free: list[int], per_node: int) -> Allocation:
 class FfdlElastic:
     name: str = "ffdl"
     batch: str = "policy"
-    restart_penalty: float = _default("restart_penalty")
-    fairness_after_s: float = _default("fairness_after_s")
-    min_rescale_interval_s: float = _default("min_rescale_interval_s")
+    restart_penalty: float = live_default("restart_penalty")
+    fairness_after_s: float = live_default("fairness_after_s")
+    min_rescale_interval_s: float = live_default("min_rescale_interval_s")
     accumulate: bool = True
     # Batch-only changes taken without a restart (``elastic.rebatch_in_place``).
     rebatch_in_place: bool = False
     # A rescale's cost charged against the job's age (None: ``restart_penalty`` flat), and
     # how long a queued job waits before running jobs give up GPUs for it.
-    restart_cost_s: float | None = _default("restart_cost_s")
-    admit_after_s: float = _default("admit_after_s")
-    objective: Objective = _DEFAULT_OBJECTIVE
+    restart_cost_s: float | None = live_default("restart_cost_s")
+    admit_after_s: float = live_default("admit_after_s")
+    objective: Objective = LIVE_OBJECTIVE
 
     def optimize(
         self,
