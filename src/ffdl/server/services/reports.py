@@ -340,8 +340,8 @@ def _flush(
     if not logs and not metrics:
         return
     # Pending changes go first, as an ORM insert's autoflush would put them; the rows go
-    # in as one executemany on the tables themselves, which skips the ORM's per-row
-    # bookkeeping (most of a report's cost on the server).
+    # in on the tables themselves, which skips the ORM's per-row bookkeeping (most of a
+    # report's cost on the server).
     session.flush()
     if logs:
         number_lines(job, logs)

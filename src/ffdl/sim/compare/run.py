@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
+from ffdl.elastic.optimizer import Objective
 from ffdl.sim.compare.engine import ClusterShape, Policy, RunResult, simulate
 from ffdl.sim.compare.families import SPEEDS
 from ffdl.sim.compare.measured import MEASURED_GPUS_PER_NODE, MEASURED_NODES
@@ -292,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--objective",
-        choices=("throughput", "proportional"),
+        choices=get_args(Objective),
         default=None,
         help="for ffdl's elastic policies (default: the live setting)",
     )
