@@ -18,6 +18,7 @@ machine and the jitter under 0.1 s; a busy machine widens both, and the bound wi
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 from datetime import datetime
@@ -125,6 +126,9 @@ def measure_overhead(server: LiveServer) -> StartOverhead:
 
 
 def test_simulator_matches_the_platform_on_queued_gangs(tmp_path: Path) -> None:
+    # Whatever earlier tests left for the disk to write goes now, not during the jobs,
+    # where it would stall this server's own synchronous writes.
+    os.sync()
     with running_server(tmp_path / "home", **CONFIG) as server:
         calibration = measure_overhead(server)
         overhead = calibration.median_s
