@@ -61,6 +61,12 @@ def test_the_jobs_age_and_restarts_reach_the_optimizer() -> None:
     assert candidate(state(age_s=-0.5)).job.age_s == 0.0
 
 
+def test_the_machines_a_running_gang_spans_reach_the_optimizer() -> None:
+    assert candidate(state(current_gpus=4, current_nodes=2)).job.current_nodes == 2
+    # A queued job spans nothing, whatever it spanned before.
+    assert candidate(state(current_nodes=2)).job.current_nodes is None
+
+
 def test_gangs_of_two_gpus_get_ranges_in_whole_learners() -> None:
     made = candidate(state(elastic=spec(gpus=IntRange(min=3, max=63)), gpus_per_learner=2))
     assert made.job.gpu_range == (4, 62)

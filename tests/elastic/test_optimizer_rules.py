@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from ffdl.core.manifest import ElasticSpec
@@ -22,7 +23,7 @@ from ffdl.elastic.optimizer import (
     restart_share,
     useful_progress,
 )
-from ffdl.elastic.throughput import ThroughputModel
+from ffdl.elastic.throughput import FloatArray, ThroughputModel
 
 FAIRNESS_AFTER_S = 600.0
 
@@ -146,6 +147,37 @@ def test_the_proportional_objective_gives_a_newcomer_what_the_sum_leaves_to_a_sc
     roomy = optimize(jobs, 16, objective="proportional")
     assert allocation_of(roomy, "training-run")[0] == 8
     assert allocation_of(roomy, "training-new")[0] >= 1
+
+
+class _SlowAcrossMachines:
+    """Two GPUs on one machine run 1.8x one GPU; split over two machines, half of one."""
+
+    def goodput(
+        self, gpus: FloatArray, nodes: FloatArray, batches: FloatArray, steps: FloatArray
+    ) -> FloatArray:
+        result: FloatArray = np.where(nodes > 1, 0.5, np.where(gpus > 1, 1.8, 1.0)) * 100.0
+        return result
+
+
+def test_a_gang_spread_over_more_machines_than_it_needs_is_valued_where_it_runs() -> None:
+    job = make_job(
+        batch_range=None,
+        gpu_range=(1, 2),
+        goodput=_SlowAcrossMachines(),
+        current_gpus=2,
+        age_s=3600.0,
+    )
+    # On one machine two GPUs are the best there is; on two, one GPU beats them, restart
+    # and all, so the spread gang is shrunk (to be grown again on one machine later).
+    assert optimize([job], 8, restart_cost_s=30.0, gpus_per_node=4).changed == ()
+    packed = replace(job, current_nodes=1)
+    assert optimize([packed], 8, restart_cost_s=30.0, gpus_per_node=4).changed == ()
+    spread = replace(job, current_nodes=2)
+    plan = optimize([spread], 8, restart_cost_s=30.0, gpus_per_node=4)
+    assert plan.changed == ("training-a",)
+    assert allocation_of(plan, "training-a")[0] == 1
+    with pytest.raises(ValueError, match="current_nodes"):
+        replace(job, current_nodes=3)
 
 
 def test_ties_keep_current_allocations() -> None:

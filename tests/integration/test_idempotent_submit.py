@@ -221,6 +221,8 @@ LATER_COLUMNS = {
         "gpu_idle_flagged_at",
         "archived_line_number",  # revision 0006
         "archived_metric_number",
+        "gpu_types",  # revision 0007
+        "mix_gpu_types",
     ),
     "learners": ("gpu_util", "gpu_memory_mb", "gpu_power_w", "gpu_stats", "gpu_sampled_at"),
 }
@@ -239,7 +241,7 @@ def test_the_key_index_is_added_to_an_older_database(tmp_path: Path) -> None:
         db.execute("ALTER TABLE jobs DROP COLUMN idempotency_key")
         db.execute("ALTER TABLE jobs DROP COLUMN idempotency_digest")
         # What a database from before migrations looked like: no revision, and nothing that
-        # later revisions (0002 to 0006) added.
+        # later revisions (0002 to 0007) added.
         db.execute("DROP TABLE alembic_version")
         for table in ("leases", "replicas", "gpu_samples", "cluster_samples", "record_chunks"):
             db.execute(f"DROP TABLE {table}")

@@ -28,9 +28,19 @@ def job(
     *,
     gpu_type: str | None = None,
     same_label: str | None = None,
+    mix_gpu_types: bool = False,
 ) -> QueuedJob:
     return QueuedJob(
-        "j", "t", 50, 0.0, learners, Resources(gpus, cpus, memory_mb), gpu_type, None, same_label
+        "j",
+        "t",
+        50,
+        0.0,
+        learners,
+        Resources(gpus, cpus, memory_mb),
+        gpu_type,
+        None,
+        same_label,
+        mix_gpu_types=mix_gpu_types,
     )
 
 
@@ -136,7 +146,9 @@ def test_usable_nodes_follow_type_size_and_locality() -> None:
     shape = ClusterShape(nodes)
     assert usable_nodes(job(1, 4), shape) == {"a", "c"}
     assert usable_nodes(job(1, 2, gpu_type="v100"), shape) == {"a", "b"}
-    assert usable_nodes(job(3, 2, same_label="rack"), shape) == {"b", "c"}
+    # Rack r2 holds the gang on c alone: a gang's GPUs are of one type unless it mixes.
+    assert usable_nodes(job(3, 2, same_label="rack"), shape) == {"c"}
+    assert usable_nodes(job(3, 2, same_label="rack", mix_gpu_types=True), shape) == {"b", "c"}
 
 
 # -- properties ----------------------------------------------------------------------------

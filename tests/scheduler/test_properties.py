@@ -57,13 +57,16 @@ def slots(room: list[float], per: Resources) -> int:
 
 
 def fits(job: QueuedJob, free: Free, nodes: tuple[Node, ...]) -> bool:
-    groups: dict[str | None, int] = {}
+    # A gang's learners share one label value (with locality) and one GPU type (unless the
+    # gang may span types).
+    groups: dict[tuple[str | None, str | None], int] = {}
     for node in nodes:
-        if not node.schedulable or (job.gpu_type is not None and node.gpu_type != job.gpu_type):
+        if not node.schedulable or not job.accepts(node.gpu_type):
             continue
-        key = None if job.same_label is None else node.labels.get(job.same_label)
-        if job.same_label is not None and key is None:
+        value = None if job.same_label is None else node.labels.get(job.same_label)
+        if job.same_label is not None and value is None:
             continue
+        key = (value, None if job.spans_types else node.gpu_type)
         groups[key] = groups.get(key, 0) + slots(free[node.name], job.per_learner)
     return any(total >= job.learners for total in groups.values())
 
@@ -88,24 +91,29 @@ def queue(snapshot: Snapshot) -> list[QueuedJob]:
 
 
 def usable(job: QueuedJob, nodes: tuple[Node, ...]) -> set[str]:
+    """Nodes the job could ever use; where its gang must pick one of several GPU types, only
+    those of a type whose nodes could hold it."""
+    kinds = sorted({n.gpu_type for n in nodes if job.accepts(n.gpu_type)})
+    if job.spans_types or len(kinds) < 2:
+        return _usable_among(job, [n for n in nodes if job.accepts(n.gpu_type)])
     empty = {n.name: [float(n.gpus), n.cpus, float(n.memory_mb)] for n in nodes}
-    single = {
-        n.name
-        for n in nodes
-        if n.schedulable
-        and (job.gpu_type is None or n.gpu_type == job.gpu_type)
-        and slots(empty[n.name], job.per_learner) > 0
-    }
+    result: set[str] = set()
+    for kind in kinds:
+        of_kind = [n for n in nodes if n.gpu_type == kind]
+        if sum(slots(empty[n.name], job.per_learner) for n in of_kind) >= job.learners:
+            result |= _usable_among(job, of_kind)
+    return result
+
+
+def _usable_among(job: QueuedJob, nodes: list[Node]) -> set[str]:
+    empty = {n.name: [float(n.gpus), n.cpus, float(n.memory_mb)] for n in nodes}
+    single = {n.name for n in nodes if n.schedulable and slots(empty[n.name], job.per_learner) > 0}
     if job.same_label is None:
         return single
     result: set[str] = set()
     for value in {n.labels.get(job.same_label) for n in nodes} - {None}:
         group = [n for n in nodes if n.labels.get(job.same_label) == value]
-        room = sum(
-            slots(empty[n.name], job.per_learner)
-            for n in group
-            if job.gpu_type is None or n.gpu_type == job.gpu_type
-        )
+        room = sum(slots(empty[n.name], job.per_learner) for n in group)
         if room >= job.learners:
             result |= {n.name for n in group} & single
     return result
@@ -193,6 +201,7 @@ def queued_jobs(draw: st.DrawFn, count: tuple[int, int] = (0, 7)) -> tuple[Queue
             draw(st.sampled_from([None, "pack", "spread"])),
             draw(st.sampled_from([None, None, "rack"])),
             draw(st.none() | st.floats(60, 7200)),
+            mix_gpu_types=draw(st.sampled_from([False, False, True])),
         )
         for index in range(draw(st.integers(*count)))
     )
@@ -245,7 +254,7 @@ def assert_valid(snapshot: Snapshot, result: Plan) -> None:
         for lp in learners:
             node = nodes[lp.node]
             assert node.schedulable
-            assert job.gpu_type is None or node.gpu_type == job.gpu_type
+            assert job.accepts(node.gpu_type)
             assert len(lp.gpu_ids) == job.per_learner.gpus
             assert all(0 <= g < node.gpus for g in lp.gpu_ids)
             assert not ids_used[lp.node] & set(lp.gpu_ids)
@@ -253,6 +262,8 @@ def assert_valid(snapshot: Snapshot, result: Plan) -> None:
         if job.same_label is not None:
             values = {nodes[lp.node].labels.get(job.same_label) for lp in learners}
             assert len(values) == 1 and None not in values
+        if not job.spans_types:
+            assert len({nodes[lp.node].gpu_type for lp in learners}) == 1
     for room in free_after(snapshot, decisions).values():
         assert room[0] >= 0 and room[1] >= -1e-9 and room[2] >= 0
 

@@ -33,7 +33,7 @@ from tests.postgres import free_port
 from tests.server.factories import database_url, on_both_databases
 
 # Every revision after the first, in order: what a store made at the first one still needs.
-LATER_REVISIONS = ["0002", "0003", "0004", "0005", "0006"]
+LATER_REVISIONS = ["0002", "0003", "0004", "0005", "0006", "0007"]
 ALL_REVISIONS = [INITIAL_REVISION, *LATER_REVISIONS]
 
 AT = datetime(2024, 5, 6, 7, 8, 9, 123456)  # naive UTC, with microseconds
@@ -101,6 +101,7 @@ FIRST_REVISION_ROWS: dict[str, list[dict[str, Any]]] = {
             "gpus": 1,
             "cpus": 1.5,
             "memory_mb": 512,
+            "gpu_type": "a100",
             "placement": [{"node": "a", "gpus": [0]}],
             "attempt": 1,
             "elastic": True,
@@ -245,8 +246,8 @@ def _as_before(
     after: dict[str, list[dict[str, Any]]], before: dict[str, list[dict[str, Any]]]
 ) -> dict[str, list[dict[str, Any]]]:
     """``after`` without the columns later revisions added, which must all be empty but
-    the numbers of each job's log lines and metrics (revision 0005) and the archive marks
-    (0006), checked here."""
+    the numbers of each job's log lines and metrics (revision 0005), the archive marks
+    (0006) and the GPU types (0007), checked here."""
     _check_numbers(after)
     kept: dict[str, list[dict[str, Any]]] = {}
     for name, rows in after.items():
@@ -274,6 +275,11 @@ def _check_numbers(after: dict[str, list[dict[str, Any]]]) -> None:
     # Nothing is archived yet (revision 0006).
     for job_row in after.get("jobs", []):
         assert job_row.pop("archived_line_number") == job_row.pop("archived_metric_number") == 0
+    # A job that named one GPU type accepts that one, and no gang spans types (0007).
+    for job_row in after.get("jobs", []):
+        kind = job_row["gpu_type"]
+        assert job_row.pop("gpu_types") == (None if kind is None else [kind])
+        assert job_row.pop("mix_gpu_types") in (False, 0)
 
 
 def _differences(store: Store) -> list[Any]:

@@ -38,6 +38,7 @@ from ffdl.core.manifest_fields import (
     list_or_empty,
     metric_regex,
     metric_value_type,
+    name_list,
     one_of,
     placement_shape,
     positive_number,
@@ -394,6 +395,10 @@ class Manifest(_Section):
     memory_mb: Annotated[int, integer_field(minimum=1)] = 1024
     storage_mb: Annotated[int | None, integer_field(minimum=1, nullable=True)] = None
     gpu_type: Annotated[str | None, text_field(required=True, nullable=True)] = None
+    # The GPU types the job accepts, in order of preference (empty: any); ``gpu_type`` is the
+    # one-type shorthand. A gang never spans GPU types unless ``mix_gpu_types`` allows it.
+    gpu_types: Annotated[list[str], BeforeValidator(name_list)] = Field(default_factory=list)
+    mix_gpu_types: Annotated[bool, boolean_field()] = False
     data_stores: Annotated[list[DataStore], BeforeValidator(list_or_empty)] = Field(
         default_factory=list
     )
@@ -410,6 +415,15 @@ class Manifest(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
+        if self.gpu_type is not None and self.gpu_types:
+            if self.gpu_types != [self.gpu_type]:
+                listed = ", ".join(self.gpu_types)
+                reason = f"lists {listed} but gpu_type says {self.gpu_type}: give one of the two"
+                raise invalid(reason, "gpu_types")
+        elif self.gpu_type is not None:
+            self.gpu_types = [self.gpu_type]
+        elif len(self.gpu_types) == 1:
+            self.gpu_type = self.gpu_types[0]
         first_index_of_id: dict[str, int] = {}
         for index, store in enumerate(self.data_stores):
             if store.id in first_index_of_id:

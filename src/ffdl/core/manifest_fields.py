@@ -27,7 +27,7 @@ MAX_CONTAINER_COMPONENT = 255
 RESOURCE_SPEC_CODE = "C104"
 _RESOURCE_FIELDS = frozenset(
     {"learners", "gpus", "cpus", "memory", "memory_mb", "storage", "storage_mb", "gpu_type"}
-    | {"elastic"}
+    | {"gpu_types", "mix_gpu_types", "elastic"}
 )
 
 
@@ -135,6 +135,27 @@ def text_field(
         return text.lower() if lower else text
 
     return BeforeValidator(check)
+
+
+def name_list(value: object) -> list[str]:
+    """A list of distinct non-blank names (``gpu_types: [h100, a100]``); one name alone is
+    taken as a list of one."""
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise invalid(f"must be a list of names, got {describe_value(value)}")
+    names: list[str] = []
+    for index, item in enumerate(items):
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            raise invalid(f"must be a name, got {describe_value(item)}", index)
+        name = str(item).strip()
+        if not name:
+            raise invalid("must not be blank", index)
+        if name in names:
+            raise invalid(f"duplicates {name!r}", index)
+        names.append(name)
+    return names
 
 
 def string_map(value: object) -> dict[str, str]:

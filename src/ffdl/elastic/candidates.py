@@ -30,6 +30,7 @@ class JobState:
     gpus_per_learner: int
     current_gpus: int  # 0: queued
     current_batch: int | None  # the batch it runs at (None: the reference batch)
+    current_nodes: int | None = None  # the machines its gang spans (None: the fewest)
     since_change_s: float  # since its last status change (start, restart, rescale)
     epoch: int | None = None  # the epoch it reported last, for ``elastic.schedule``
     pinned_gpus: int | None = None  # ``ffdl scale``
@@ -98,6 +99,7 @@ def elastic_candidate(
             goodput=goodput,
             current_gpus=gpus,
             current_batch=(state.current_batch or base_batch) if gpus else None,
+            current_nodes=min(state.current_nodes, gpus) if gpus and state.current_nodes else None,
             waited_s=0.0 if gpus else max(state.since_change_s, 0.0),
             running_s=max(state.since_change_s, 0.0) if gpus else 0.0,
             age_s=None if state.age_s is None else max(state.age_s, 0.0),

@@ -53,7 +53,7 @@ def _copy_view(state: FreeState) -> CapacityView:
 def _could_fit(view: CapacityView, job: QueuedJob) -> bool:
     if job.same_label is not None:
         return any(may_fit(pool, job) for pool in view.label_groups(job.same_label).values())
-    pool = view.pool_for(job.gpu_type)
+    pool = view.pool_for(job.gpu_types)
     return pool is not None and may_fit(pool, job)
 
 
@@ -81,7 +81,7 @@ def reserve(
     usable = {
         name
         for name, item in free.items()
-        if item.node.schedulable and (job.gpu_type is None or item.node.gpu_type == job.gpu_type)
+        if item.node.schedulable and job.accepts(item.node.gpu_type)
     }
     # Until the head could fit by totals alone, releases only update counts; the indexed
     # view is built once they could (most releases of a long list are then never indexed).
@@ -399,25 +399,32 @@ class PooledEstimates:
                     self.by_type.setdefault(kind, []).append((per, learners, end))
         self.handed_back = [(n, r) for n, r in handed_back if n in node_type]
         self.typical_used = typical_used
-        self._sims: dict[str | None, QueueSimulation] = {}
+        self._sims: dict[tuple[str, ...], QueueSimulation] = {}
 
-    def for_type(self, gpu_type: str | None) -> QueueSimulation:
-        sim = self._sims.get(gpu_type)
+    def for_types(self, gpu_types: tuple[str, ...]) -> QueueSimulation:
+        """The queue on the nodes of ``gpu_types`` (all nodes when none are named); a job of
+        several types is estimated on all of them together, an optimistic bound for a gang
+        that must run on one."""
+        sim = self._sims.get(gpu_types)
         if sim is None:
-            sim = self._sims[gpu_type] = self._build(gpu_type)
+            sim = self._sims[gpu_types] = self._build(gpu_types)
         return sim
 
-    def _build(self, gpu_type: str | None) -> QueueSimulation:
+    def _build(self, gpu_types: tuple[str, ...]) -> QueueSimulation:
         gpus, cpus, memory = 0, 0.0, 0
         for name, kind in self.node_type.items():
-            if gpu_type is None or kind == gpu_type:
+            if not gpu_types or kind in gpu_types:
                 item = self.view.free[name]
                 gpus += max(item.gpus, 0)
                 cpus += max(item.cpus, 0.0)
                 memory += max(item.memory_mb, 0)
         sim = QueueSimulation(self.now, Resources(gpus, cpus, memory), self.typical_used)
-        sim.hold_all(self.everywhere if gpu_type is None else self.by_type.get(gpu_type, []))
+        sim.hold_all(
+            self.everywhere
+            if not gpu_types
+            else [held for kind in gpu_types for held in self.by_type.get(kind, [])]
+        )
         for name, left in self.handed_back:
-            if gpu_type is None or self.node_type[name] == gpu_type:
+            if not gpu_types or self.node_type[name] in gpu_types:
                 sim.release_now(left)
         return sim

@@ -209,13 +209,40 @@ class CapacityView:
             for item in items:
                 self._memberships[item.node.name] = [self.all, pool]
         self._by_label: dict[str, dict[str, Pool]] = {}
+        self._by_types: dict[tuple[str, ...], Pool | None] = {}
         self.version = 0
 
-    def pool_for(self, gpu_type: str | None) -> Pool | None:
-        """The pool a job may use: the whole cluster, or the nodes of its GPU type."""
-        if gpu_type is None:
+    @property
+    def gpu_types(self) -> list[str]:
+        """The GPU types of the schedulable nodes."""
+        return list(self._by_type)
+
+    @property
+    def mixed_types(self) -> bool:
+        """Whether the schedulable nodes have more than one GPU type."""
+        return len(self._by_type) > 1
+
+    def pool_for(self, gpu_types: tuple[str, ...]) -> Pool | None:
+        """The pool a job may use: the whole cluster (no types named), or the nodes of the
+        GPU types it accepts (None when there are none)."""
+        if not gpu_types:
             return self.all
-        return self._by_type.get(gpu_type)
+        if len(gpu_types) == 1:
+            return self._by_type.get(gpu_types[0])
+        key = tuple(sorted(set(gpu_types)))
+        if key not in self._by_types:
+            items = [
+                self.free[name] for kind in key if kind in self._by_type
+                for name in self._by_type[kind].names
+            ]  # fmt: skip
+            pool = None
+            if items:
+                pool = Pool(self._max_gpus)
+                pool.add_all(items)
+                for item in items:
+                    self._memberships[item.node.name].append(pool)
+            self._by_types[key] = pool
+        return self._by_types[key]
 
     def label_groups(self, key: str) -> dict[str, Pool]:
         """One pool per value of label ``key`` (built on first use, then kept up to date)."""

@@ -10,7 +10,9 @@ Owns where the learners of one job go, given what is free:
 - ``same_label``: every learner on nodes sharing one value of that label; among the values
   that fit, pack picks the one using the fewest nodes (then the least free capacity),
   spread the one using the most nodes (then the most free capacity).
-- ``gpu_type``: only nodes whose ``gpu_type`` equals it; unschedulable nodes take nothing.
+- ``gpu_types``: only nodes of a GPU type the job accepts, and a gang's GPUs all of one
+  type (the job's first choice that fits, else the group the tie-break prefers) unless the
+  job sets ``mix_gpu_types``; unschedulable nodes take nothing.
 
 Also owns ``never_fits`` (could the job be placed on the empty cluster at all?) and the
 nodes a job could ever use.
@@ -19,6 +21,7 @@ nodes a job could ever use.
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 from ffdl.core.resources import (
@@ -74,27 +77,48 @@ def find_nodes(
     """
     if job.learners < 1:
         return None
-    if job.same_label is None:
-        pool = view.pool_for(job.gpu_type)
+    if job.same_label is None and (
+        not view.mixed_types
+        or job.spans_types
+        or len(job.gpu_types) == 1
+        or len(job.of_one_type(view.gpu_types)) == 1
+    ):
+        pool = view.pool_for(job.gpu_types)
         if pool is None or not may_fit(pool, job):
             return None
-        return _place_in_pool(view, pool, job, policy, excluded, None)
-    # Visit label values in the order of the tie-break (pack: least free first; spread: most
-    # free first), so a value reaching the best possible node count (pack: one node;
-    # spread: one node per learner) is the answer and the rest need not be placed.
-    groups = sorted(
-        view.label_groups(job.same_label).values(),
-        key=lambda pool: (pool.free_gpus, pool.free_cpus),
-        reverse=policy == SPREAD,
+        return _place_in_pool(view, pool, job, policy, excluded, job.gpu_types)
+    # A gang on GPUs of one type (unless it may mix them), and with locality on nodes of one
+    # label value: each (type, value) group is a candidate. Visit them in the order of the
+    # tie-break (pack: least free first; spread: most free first), so a group reaching the
+    # best possible node count (pack: one node; spread: one node per learner) is the answer
+    # and the rest need not be placed. A job's own order of GPU types comes first.
+    groups: list[tuple[int, Pool, QueuedJob]] = []
+    for rank, variant in enumerate(job.of_one_type(view.gpu_types)):
+        if job.same_label is None:
+            pool = view.pool_for(variant.gpu_types)
+            groups.extend([] if pool is None else [(rank, pool, variant)])
+        else:
+            groups.extend((rank, p, variant) for p in view.label_groups(job.same_label).values())
+    ordered = bool(job.gpu_types) and not job.spans_types
+    groups.sort(
+        key=lambda g: (
+            g[0] if ordered else 0,
+            (-1 if policy == SPREAD else 1) * g[1].free_gpus,
+            (-1 if policy == SPREAD else 1) * g[1].free_cpus,
+        )
     )
     ideal = job.learners if policy == SPREAD else 1
     best: Choice | None = None
-    for pool in groups:
+    best_rank = 0
+    for rank, pool, variant in groups:
+        if best is not None and ordered and rank > best_rank:
+            break  # the best of a type the job prefers
         if not may_fit(pool, job):
             continue
-        choice = _place_in_pool(view, pool, job, policy, excluded, job.gpu_type)
+        choice = _place_in_pool(view, pool, variant, policy, excluded, variant.gpu_types)
         if choice is None:
             continue
+        best_rank = rank
         if any_fit or len(choice) == ideal:
             return choice
         if (
@@ -119,13 +143,13 @@ def _eligible_slots(
     view: CapacityView,
     name: str,
     per: Resources,
-    gpu_type: str | None,
+    gpu_types: tuple[str, ...],
     excluded: Container[str] | None,
 ) -> int:
     if excluded is not None and name in excluded:
         return 0
     item = view.free[name]
-    if gpu_type is not None and item.node.gpu_type != gpu_type:
+    if gpu_types and item.node.gpu_type not in gpu_types:
         return 0
     return node_slots(item, per)
 
@@ -136,13 +160,13 @@ def _place_in_pool(
     job: QueuedJob,
     policy: str,
     excluded: Container[str] | None,
-    gpu_type: str | None,
+    gpu_types: tuple[str, ...],
 ) -> Choice | None:
     if job.per_learner.gpus == 0:
-        return _place_without_gpus(view, pool, job, policy, excluded, gpu_type)
+        return _place_without_gpus(view, pool, job, policy, excluded, gpu_types)
     if policy == SPREAD:
-        return _spread_by_gpus(view, pool, job, excluded, gpu_type)
-    return _pack_by_gpus(view, pool, job, excluded, gpu_type)
+        return _spread_by_gpus(view, pool, job, excluded, gpu_types)
+    return _pack_by_gpus(view, pool, job, excluded, gpu_types)
 
 
 def _needed(sorted_slots: Sequence[tuple[int, int, str]], learners: int) -> int:
@@ -160,12 +184,12 @@ def _pack_by_gpus(
     pool: Pool,
     job: QueuedJob,
     excluded: Container[str] | None,
-    gpu_type: str | None,
+    gpu_types: tuple[str, ...],
 ) -> Choice | None:
     per, learners, gpus = job.per_learner, job.learners, job.per_learner.gpus
     if pool.top >= learners * gpus:
         for _level, name in pool.ascending(learners * gpus):
-            if _eligible_slots(view, name, per, gpu_type, excluded) >= learners:
+            if _eligible_slots(view, name, per, gpu_types, excluded) >= learners:
                 return [(name, learners)]
     # Visit nodes from the most free GPUs down; a node at level L holds at most L // gpus
     # learners, so once the nodes seen already reach the gang with nodes no smaller than
@@ -175,7 +199,7 @@ def _pack_by_gpus(
     lowest_visited = pool.top + 1
     for level in range(pool.top, gpus - 1, -1):
         for name in pool.levels[level]:
-            slots = _eligible_slots(view, name, per, gpu_type, excluded)
+            slots = _eligible_slots(view, name, per, gpu_types, excluded)
             if slots > 0:
                 collected.append((slots, level, name))
                 total += slots
@@ -198,7 +222,7 @@ def _pack_by_gpus(
     for level, name in pool.ascending(remaining * gpus, lowest_visited - 1):
         if best is not None and level >= best[0]:
             break
-        if _eligible_slots(view, name, per, gpu_type, excluded) >= remaining:
+        if _eligible_slots(view, name, per, gpu_types, excluded) >= remaining:
             best = (level, name)
             break
     assert best is not None  # the needed-th collected node holds the remainder
@@ -210,12 +234,12 @@ def _spread_by_gpus(
     pool: Pool,
     job: QueuedJob,
     excluded: Container[str] | None,
-    gpu_type: str | None,
+    gpu_types: tuple[str, ...],
 ) -> Choice | None:
     per, learners = job.per_learner, job.learners
     collected: list[tuple[int, str]] = []
     for _level, name in pool.descending(per.gpus):
-        slots = _eligible_slots(view, name, per, gpu_type, excluded)
+        slots = _eligible_slots(view, name, per, gpu_types, excluded)
         if slots > 0:
             collected.append((slots, name))
             if len(collected) == learners:
@@ -242,13 +266,13 @@ def _place_without_gpus(
     job: QueuedJob,
     policy: str,
     excluded: Container[str] | None,
-    gpu_type: str | None,
+    gpu_types: tuple[str, ...],
 ) -> Choice | None:
     # CPU-only learners: GPU buckets say nothing about fit, so every node is looked at.
     per, learners = job.per_learner, job.learners
     candidates: list[tuple[int, float, int, str]] = []
     for name in pool.names:
-        slots = _eligible_slots(view, name, per, gpu_type, excluded)
+        slots = _eligible_slots(view, name, per, gpu_types, excluded)
         if slots > 0:
             item = view.free[name]
             candidates.append((slots, item.cpus, item.memory_mb, name))
@@ -336,10 +360,10 @@ class ClusterShape:
         return self._names_by_label[key]
 
 
-def _typed(classes: dict[_NodeClass, int], gpu_type: str | None) -> dict[_NodeClass, int]:
-    if gpu_type is None:
+def _typed(classes: dict[_NodeClass, int], gpu_types: tuple[str, ...]) -> dict[_NodeClass, int]:
+    if not gpu_types:
         return classes
-    return {c: n for c, n in classes.items() if c.gpu_type == gpu_type}
+    return {c: n for c, n in classes.items() if c.gpu_type in gpu_types}
 
 
 def _class_slots(classes: dict[_NodeClass, int], per: Resources) -> int:
@@ -348,16 +372,32 @@ def _class_slots(classes: dict[_NodeClass, int], per: Resources) -> int:
 
 def never_fits_on(job: QueuedJob, shape: ClusterShape) -> str | None:
     """``never_fits`` against a prepared ``ClusterShape`` (reused across a pass)."""
+    variants = job.of_one_type({c.gpu_type for c in shape.classes})
+    if len(variants) == 1:
+        return _never_fits_one(variants[0], shape)
+    reasons = []
+    for variant in variants:
+        reason = _never_fits_one(variant, shape)
+        if reason is None:
+            return None
+        reasons.append(reason)
+    if _never_fits_one(replace(job, mix_gpu_types=True), shape) is None:
+        return f"{reasons[0]}, and a gang runs on GPUs of one type (mix_gpu_types allows more)"
+    return reasons[0]
+
+
+def _never_fits_one(job: QueuedJob, shape: ClusterShape) -> str | None:
     per, learners = job.per_learner, job.learners
     if learners < 1:
         return "needs at least one learner"
-    classes = _typed(shape.classes, job.gpu_type)
+    classes = _typed(shape.classes, job.gpu_types)
     if not classes:
-        if job.gpu_type is not None and shape.classes:
+        if job.gpu_types and shape.classes:
             present = sorted({c.gpu_type for c in shape.classes})
-            return f"no node has gpu_type={job.gpu_type} (the cluster's: {', '.join(present)})"
+            field = f"gpu_type={job.gpu_type}" if job.gpu_type else f"gpu_types {_names(job)}"
+            return f"no node has {field} (the cluster's: {', '.join(present)})"
         return "the cluster has no nodes"
-    kind = f"{job.gpu_type} " if job.gpu_type else ""
+    kind = f"{_names(job)} " if job.gpu_types else ""
     # Hosts without GPUs offer CPU slots in their place: say so.
     unit = slot_noun(CPU_SLOTS if all(c.gpu_type == CPU_SLOTS for c in classes) else None)
     if _class_slots(classes, per) == 0:
@@ -387,7 +427,7 @@ def never_fits_on(job: QueuedJob, shape: ClusterShape) -> str | None:
         gpus = sum(c.gpus * n for c, n in classes.items())
         cpus = sum(c.cpus * n for c, n in classes.items())
         memory = sum(c.memory_mb * n for c, n in classes.items())
-        where = f"the {job.gpu_type} nodes have" if job.gpu_type else "the cluster has"
+        where = f"the {_names(job)} nodes have" if job.gpu_types else "the cluster has"
         if total.gpus > gpus:
             return f"needs {plural(total.gpus, unit)} in total but {where} {gpus}"
         if total.cpus > cpus + CPU_EPSILON:
@@ -400,7 +440,7 @@ def never_fits_on(job: QueuedJob, shape: ClusterShape) -> str | None:
         )
     label = job.same_label
     groups = {
-        value: _typed(classes_in, job.gpu_type)
+        value: _typed(classes_in, job.gpu_types)
         for value, classes_in in shape.label_classes(label).items()
     }
     groups = {value: classes_in for value, classes_in in groups.items() if classes_in}
@@ -425,15 +465,27 @@ def never_fits(job: QueuedJob, nodes: Sequence[Node]) -> str | None:
     return never_fits_on(job, ClusterShape(nodes))
 
 
+def _names(job: QueuedJob) -> str:
+    return " or ".join(job.gpu_types)
+
+
 def usable_nodes(job: QueuedJob, shape: ClusterShape) -> set[str]:
-    """Schedulable nodes this job could ever use: its GPU type, big enough for a learner,
-    and (with locality) carrying a label value whose nodes could hold the whole gang."""
+    """Schedulable nodes this job could ever use: a GPU type it accepts, big enough for a
+    learner, and (with locality) carrying a label value whose nodes could hold the whole
+    gang; a gang of one GPU type needs that type's nodes to hold it."""
+    variants = job.of_one_type({c.gpu_type for c in shape.classes})
+    usable: set[str] = set()
+    for variant in variants:
+        if len(variants) == 1 or _never_fits_one(variant, shape) is None:
+            usable |= _usable_one(variant, shape)
+    return usable
+
+
+def _usable_one(job: QueuedJob, shape: ClusterShape) -> set[str]:
     per = job.per_learner
 
     def fitting(c: _NodeClass) -> bool:
-        return (job.gpu_type is None or c.gpu_type == job.gpu_type) and slots_for(
-            c.gpus, c.cpus, c.memory_mb, per
-        ) > 0
+        return job.accepts(c.gpu_type) and slots_for(c.gpus, c.cpus, c.memory_mb, per) > 0
 
     if job.same_label is None:
         return {name for c, names in shape.schedulable.items() if fitting(c) for name in names}

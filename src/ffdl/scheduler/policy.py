@@ -83,7 +83,7 @@ _NEVER, _QUOTA, _PREEMPTING, _HEAD, _CAPACITY, _HELD = range(6)
 # churned in one go (and a pass stays fast); the next pass lets the next ones preempt.
 DEFAULT_MAX_PREEMPTORS = 4
 
-_ShapeKey = tuple[int, float, int, int, str | None, str | None]
+_ShapeKey = tuple[int, float, int, int, tuple[str, ...], bool, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +138,15 @@ def plan(
 def _shape(job: QueuedJob) -> _ShapeKey:
     """What placement depends on, as plain values (cheap to hash for 10,000 jobs)."""
     per = job.per_learner
-    return (per.gpus, per.cpus, per.memory_mb, job.learners, job.gpu_type, job.same_label)
+    return (
+        per.gpus,
+        per.cpus,
+        per.memory_mb,
+        job.learners,
+        job.gpu_types,
+        job.mix_gpu_types,
+        job.same_label,
+    )
 
 
 class _Pass:
@@ -446,7 +454,7 @@ class _Pass:
 
     def _waiting(self) -> tuple[Waiting, ...]:
         estimates = self._estimates()
-        sims: dict[str | None, QueueSimulation] = {}
+        sims: dict[tuple[str, ...], QueueSimulation] = {}
         verdicts: dict[_ShapeKey, tuple[int, str]] = {}
         shortfalls: dict[_ShapeKey, str] = {}
         out: list[Waiting] = []
@@ -468,9 +476,9 @@ class _Pass:
                 if decided is None:
                     decided = verdicts[key] = self._verdict(job, key)
             kind, detail = decided
-            sim = sims.get(job.gpu_type)
+            sim = sims.get(job.gpu_types)
             if sim is None:
-                sim = sims[job.gpu_type] = estimates.for_type(job.gpu_type)
+                sim = sims[job.gpu_types] = estimates.for_types(job.gpu_types)
             eta: float | None
             if kind == _HELD:
                 reason = behind_reason(ahead_higher, ahead - ahead_higher)

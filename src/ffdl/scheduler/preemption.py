@@ -14,8 +14,8 @@ Owns the victim rules:
 - No set that makes the job fit, no victims at all.
 
 Fit is exact and cheap: a gang fits iff the learner slots on the nodes it may use (per label
-value, with locality) add up to its learner count, so a candidate set is checked by
-recounting slots on the few nodes its victims free.
+value with locality, and per GPU type for a gang of one type) add up to its learner count,
+so a candidate set is checked by recounting slots on the few nodes its victims free.
 
 The search for the fewest victims: first single victims, in preference order (a single
 victim that makes room is the best answer). Otherwise per node: on each node, victims are
@@ -67,7 +67,7 @@ class _Evaluator:
         pools = (
             list(view.label_groups(label).values())
             if label is not None
-            else [p for p in [view.pool_for(job.gpu_type)] if p is not None]
+            else [p for p in [view.pool_for(job.gpu_types)] if p is not None]
         )
         for pool in pools:
             # Nodes with fewer free GPUs than a learner needs hold no slot now.
@@ -91,13 +91,11 @@ class _Evaluator:
             return self._groups[name]
         item = self.view.free.get(name)
         group: str | None = None
-        if (
-            item is not None
-            and item.node.schedulable
-            and (self.job.gpu_type is None or item.node.gpu_type == self.job.gpu_type)
-        ):
+        if item is not None and item.node.schedulable and self.job.accepts(item.node.gpu_type):
             label = self.job.same_label
             group = "" if label is None else item.node.labels.get(label)
+            if group is not None and not self.job.spans_types:
+                group = f"{item.node.gpu_type}\x00{group}"  # a gang of one GPU type
         self._groups[name] = group
         return group
 

@@ -87,8 +87,7 @@ def describe_shortfall(view: CapacityView, job: QueuedJob) -> str:
     drained = [
         node.name
         for node in view.drained
-        if job.per_learner.fits_in(node.capacity)
-        and (job.gpu_type is None or node.gpu_type == job.gpu_type)
+        if job.per_learner.fits_in(node.capacity) and job.accepts(node.gpu_type)
     ]
     if not drained:
         return reason
@@ -100,6 +99,19 @@ def describe_shortfall(view: CapacityView, job: QueuedJob) -> str:
 
 
 def _shortfall(view: CapacityView, job: QueuedJob) -> str:
+    variants = job.of_one_type(view.gpu_types)
+    if len(variants) == 1:
+        return _shortfall_of(view, job)
+
+    # A gang of one GPU type: the type with the most free GPUs tells what is missing.
+    def free_gpus(variant: QueuedJob) -> int:
+        pool = view.pool_for(variant.gpu_types)
+        return -1 if pool is None else pool.free_gpus
+
+    return _shortfall_of(view, max(variants, key=free_gpus))
+
+
+def _shortfall_of(view: CapacityView, job: QueuedJob) -> str:
     per, learners = job.per_learner, job.learners
     # Where the "GPUs" are CPU slots (hosts without GPUs), the reason says CPU slot.
     slots = job.gpu_type == CPU_SLOTS or (job.gpu_type is None and view.cpu_slots_only)
@@ -107,9 +119,12 @@ def _shortfall(view: CapacityView, job: QueuedJob) -> str:
     kind = f"{job.gpu_type} " if job.gpu_type and not slots else ""
     if job.same_label is not None:
         return _describe_locality_shortfall(view, job, kind, noun)
-    pool = view.pool_for(job.gpu_type)
+    pool = view.pool_for(job.gpu_types)
     if pool is None:
-        return f"no schedulable node has gpu_type={job.gpu_type}"
+        field = (
+            f"gpu_type={job.gpu_type}" if job.gpu_type else f"gpu_types {', '.join(job.gpu_types)}"
+        )
+        return f"no schedulable node has {field}"
     return _describe_pool_shortfall(pool, per, learners, kind, noun, "")
 
 

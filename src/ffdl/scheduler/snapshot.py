@@ -8,7 +8,8 @@ caller uses (wall clock live, virtual clock in the simulator).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 from ffdl.core.resources import Node, Placement, Resources
 
@@ -21,14 +22,47 @@ class QueuedJob:
     submitted_at: float
     learners: int
     per_learner: Resources
+    # The one GPU type it accepts (shorthand for ``gpu_types`` of one), or None.
     gpu_type: str | None = None
     placement_policy: str | None = None  # "pack" | "spread" | None (cluster default)
     same_label: str | None = None  # locality: all learners share one value of this label
     expected_duration_s: float | None = None
+    # The GPU types it accepts, in order of preference (empty: any), and whether one gang may
+    # span several of them (by default a gang runs on GPUs of one type).
+    gpu_types: tuple[str, ...] = ()
+    mix_gpu_types: bool = False
+
+    def __post_init__(self) -> None:
+        if self.gpu_type is not None and not self.gpu_types:
+            object.__setattr__(self, "gpu_types", (self.gpu_type,))
+        elif self.gpu_type is None and len(self.gpu_types) == 1:
+            object.__setattr__(self, "gpu_type", self.gpu_types[0])
 
     @property
     def total(self) -> Resources:
         return self.per_learner.scaled(self.learners)
+
+    def accepts(self, gpu_type: str) -> bool:
+        """Whether a node of ``gpu_type`` may hold its learners."""
+        return not self.gpu_types or gpu_type in self.gpu_types
+
+    @property
+    def spans_types(self) -> bool:
+        """Whether one gang may take GPUs of several types: when it asks for it, and always
+        for learners without GPUs."""
+        return self.mix_gpu_types or self.per_learner.gpus == 0
+
+    def of_one_type(self, present: Iterable[str]) -> list[QueuedJob]:
+        """The job as it may be placed: one version restricted to each GPU type it accepts
+        among ``present`` (its own order first, then by name), or itself when its gang may
+        span types or only one type is there."""
+        if self.spans_types:
+            return [self]
+        there = set(present)
+        kinds = [t for t in self.gpu_types if t in there] if self.gpu_types else sorted(there)
+        if len(kinds) <= 1:
+            return [self]
+        return [replace(self, gpu_type=kind, gpu_types=(kind,)) for kind in kinds]
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,7 +146,14 @@ def fragmented_gpus(
     any_waiting = False
     for job in waiting:
         any_waiting = True
-        shape = (job.per_learner, job.learners, job.gpu_type, job.same_label, job.placement_policy)
+        shape = (
+            job.per_learner,
+            job.learners,
+            job.gpu_types,
+            job.mix_gpu_types,
+            job.same_label,
+            job.placement_policy,
+        )
         if shape in seen:
             continue
         seen.add(shape)

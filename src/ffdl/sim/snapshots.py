@@ -173,7 +173,13 @@ def _general_window(
             may_be_head = can_preempt
             continue
         if backfill and has_aged(view, sim.now, DEFAULT_AGING_THRESHOLD_S):
-            shape = (view.per_learner, view.learners, view.gpu_type, view.same_label)
+            shape = (
+                view.per_learner,
+                view.learners,
+                view.gpu_types,
+                view.mix_gpu_types,
+                view.same_label,
+            )
             if shape not in aged_shapes:
                 aged_shapes.add(shape)
                 window.append(record)
@@ -201,7 +207,7 @@ def _node_subset(
     if not window or not _uniform(sim):
         return None
     views = [sim.queued_view(r) for r in window]
-    if any(v.per_learner.gpus == 0 or v.gpu_type or v.same_label for v in views):
+    if any(v.per_learner.gpus == 0 or v.gpu_types or v.same_label for v in views):
         return None
     # A pass places fewer learners than this, so it never gets past the first this many
     # proportional nodes of a level: they all offer the same learner slots.

@@ -27,6 +27,7 @@ A job restarted less than ``min_rescale_interval_s`` ago keeps its size
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,7 +35,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from ffdl.core.manifest import ElasticSpec, Manifest
-from ffdl.core.resources import Placement
+from ffdl.core.resources import Node, Placement
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.elastic.accumulation import job_layout, running_batch
 from ffdl.elastic.autoscale import Candidate, autoscale
@@ -111,7 +112,7 @@ class AutoscalerLoop:
                 if job.elastic and job.status == JobStatus.PROCESSING.value:
                     self._learn(session, job)
         self._move_off_drained(jobs, drained)
-        capacity = cluster = sum(n.gpus for n in nodes if n.schedulable)
+        capacity = sum(n.gpus for n in nodes if n.schedulable)
         candidates: list[Candidate] = []
         running_elastic_priorities: list[int] = []
         held = 0
@@ -122,8 +123,9 @@ class AutoscalerLoop:
             if job.status == JobStatus.QUEUED.value:
                 if now - epoch(job.status_changed_at) < fresh_s or _held_back(job, now):
                     continue
+                reach = reachable_gpus(job, nodes)
                 candidates.append(
-                    self._candidate(job, 0, now, epochs.get(job.id), gradients.get(job.id), cluster)
+                    self._candidate(job, 0, now, epochs.get(job.id), gradients.get(job.id), reach)
                 )
                 continue
             held += gpus
@@ -131,8 +133,9 @@ class AutoscalerLoop:
                 capacity -= gpus
                 continue
             running_elastic_priorities.append(job.priority)
+            reach = reachable_gpus(job, nodes)
             candidates.append(
-                self._candidate(job, gpus, now, epochs.get(job.id), gradients.get(job.id), cluster)
+                self._candidate(job, gpus, now, epochs.get(job.id), gradients.get(job.id), reach)
             )
         if queued_fixed is not None and running_elastic_priorities:
             demand = queued_fixed.learners * queued_fixed.gpus
@@ -168,23 +171,9 @@ class AutoscalerLoop:
         grad_stats: GradientStats | None,
         cluster_gpus: int,
     ) -> Candidate:
-        elastic = self._spec(job)
         learned = self._learned.get(job.id)
-        state = JobState(
-            id=job.id,
-            priority=job.priority,
-            elastic=elastic,
-            gpus_per_learner=job.gpus,
-            current_gpus=gpus,
-            current_batch=job.batch_size,
-            since_change_s=now - epoch(job.status_changed_at),
-            epoch=epoch_now,
-            pinned_gpus=job.pinned_gpus,
-            age_s=now - epoch(job.submitted_at),
-            restarts=max(job.attempt - 1, 0) if gpus else 0,
-        )
         return elastic_candidate(
-            state,
+            job_state(job, self._spec(job), gpus, now, epoch_now),
             cluster_gpus=cluster_gpus,
             min_rescale_interval_s=self._platform.settings.min_rescale_interval_s,
             model=learned.model if learned else prior(),
@@ -379,3 +368,36 @@ def _on(job: Job, nodes: set[str]) -> bool:
     return bool(nodes) and any(
         lp.node in nodes for lp in Placement.from_json(job.placement or []).learners
     )
+
+
+def job_state(
+    job: Job, elastic: ElasticSpec, gpus: int, now: float, epoch_now: int | None
+) -> JobState:
+    """Where ``job`` (holding ``gpus`` GPUs, 0 while queued) stands at ``now``."""
+    return JobState(
+        id=job.id,
+        priority=job.priority,
+        elastic=elastic,
+        gpus_per_learner=job.gpus,
+        current_gpus=gpus,
+        current_batch=job.batch_size,
+        current_nodes=len(Placement.from_json(job.placement or []).nodes) or None,
+        since_change_s=now - epoch(job.status_changed_at),
+        epoch=epoch_now,
+        pinned_gpus=job.pinned_gpus,
+        age_s=now - epoch(job.submitted_at),
+        restarts=max(job.attempt - 1, 0) if gpus else 0,
+    )
+
+
+def reachable_gpus(job: Job, nodes: Sequence[Node]) -> int:
+    """The most GPUs one gang of ``job`` could hold on the schedulable nodes: those of the
+    types it accepts, and of one type unless it may mix them."""
+    accepted = set(job.gpu_types or ())
+    by_type: dict[str, int] = {}
+    for node in nodes:
+        if node.schedulable and (not accepted or node.gpu_type in accepted):
+            by_type[node.gpu_type] = by_type.get(node.gpu_type, 0) + node.gpus
+    if job.mix_gpu_types:
+        return sum(by_type.values())
+    return max(by_type.values(), default=0)

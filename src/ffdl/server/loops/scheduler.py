@@ -49,6 +49,8 @@ _COLUMNS = (
     Job.cpus,
     Job.memory_mb,
     Job.gpu_type,
+    Job.gpu_types,
+    Job.mix_gpu_types,
     Job.placement_policy,
     Job.same_label,
     Job.expected_duration_s,

@@ -22,6 +22,7 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import insert, select
@@ -31,11 +32,14 @@ from ffdl.core.archive import validate_archive
 from ffdl.core.errors import (
     BadRequest,
     ConflictError,
+    ManifestError,
     PayloadTooLarge,
     UnschedulableError,
 )
 from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import Manifest, parse_manifest
+from ffdl.core.manifest_fields import RESOURCE_SPEC_CODE
+from ffdl.core.resources import Node
 from ffdl.core.status import JobStatus
 from ffdl.scheduler.policy import never_fits
 from ffdl.server.auth import Principal
@@ -122,9 +126,10 @@ def submit_job(
     # is accepted and waits in the queue with the backend's reason.
     reason = None
     if platform.backend.problem() is None:
+        nodes = backend_nodes(platform)
+        check_gpu_types(manifest, nodes)
         reason = never_fits(
-            queued_job_from_manifest(job_id, principal.tenant_id, manifest, 0.0),
-            backend_nodes(platform),
+            queued_job_from_manifest(job_id, principal.tenant_id, manifest, 0.0), nodes
         )
     if reason is not None:
         raise UnschedulableError(f"job can never be scheduled on this cluster: {reason}")
@@ -157,6 +162,19 @@ def submit_job(
     platform.wakeups.notify("scheduler", "autoscaler")
     warnings = _warnings(manifest) + ([runtime.warning] if runtime.warning else [])
     return Submitted(job_id=job_id, warnings=warnings)
+
+
+def check_gpu_types(manifest: Manifest, nodes: Sequence[Node]) -> None:
+    """Refuse a list of ``gpu_types`` naming a type no node has, though others are there,
+    naming the types the cluster has (a single unknown type never fits: ``never_fits``)."""
+    present = sorted({node.gpu_type for node in nodes if node.gpu_type})
+    unknown = [kind for kind in manifest.gpu_types if kind not in present]
+    if not unknown or len(manifest.gpu_types) < 2 or not nodes:
+        return
+    has = f"the cluster's: {', '.join(present)}" if present else "no node names a GPU type"
+    raise ManifestError(
+        "gpu_types", f"no node has GPU type {', '.join(unknown)} ({has})", code=RESOURCE_SPEC_CODE
+    )
 
 
 def _warnings(manifest: Manifest) -> list[str]:
@@ -237,6 +255,8 @@ def _insert_job(
         "cpus": manifest.cpus,
         "memory_mb": manifest.memory_mb,
         "gpu_type": manifest.gpu_type,
+        "gpu_types": manifest.gpu_types or None,
+        "mix_gpu_types": manifest.mix_gpu_types,
         "placement_policy": manifest.placement.policy,
         "same_label": manifest.placement.same,
         "expected_duration_s": manifest.expected_duration_s,

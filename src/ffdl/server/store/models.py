@@ -98,7 +98,9 @@ class Job(Base):
     cpus: Mapped[float] = mapped_column(Float)
     memory_mb: Mapped[int] = mapped_column(Integer)
     # Scheduling inputs copied out of the manifest so a pass never re-parses manifests.
-    gpu_type: Mapped[str | None] = mapped_column(String(100), default=None)
+    gpu_type: Mapped[str | None] = mapped_column(String(100), default=None)  # one type only
+    gpu_types: Mapped[list[str] | None] = mapped_column(JSON, default=None)  # None: any type
+    mix_gpu_types: Mapped[bool] = mapped_column(default=False)
     placement_policy: Mapped[str | None] = mapped_column(String(16), default=None)
     same_label: Mapped[str | None] = mapped_column(String(100), default=None)
     expected_duration_s: Mapped[float | None] = mapped_column(Float, default=None)

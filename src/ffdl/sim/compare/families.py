@@ -166,6 +166,23 @@ class Family:
         batch = np.concatenate([[0], np.where(fits[:, 0], batches[rows, best], 0)]).astype(np.int64)
         return goodput, batch
 
+    def best_goodput_on(
+        self, gpus: int, nodes: int, progress: float, choices: int = 24
+    ) -> tuple[float, int]:
+        """``best_goodputs`` for ``gpus`` GPUs spread over ``nodes`` machines."""
+        low, high = self.local_batch
+        first = max(float(self.base_batch), low * gpus)
+        last = min(float(self.max_batch), high * gpus)
+        if first > last:
+            return 0.0, 0
+        batches = np.round(first * (last / first) ** np.linspace(0.0, 1.0, choices))
+        g = np.full_like(batches, float(gpus))
+        noise = self.noise_scale_at(progress)
+        rates = self.speed.throughputs(g, batches, np.full_like(batches, float(nodes)))
+        rates = rates * (noise + self.base_batch) / (noise + batches)
+        best = int(np.argmax(rates))
+        return float(rates[best]), int(batches[best])
+
     def training_time_s(self, gpus: int, batch: int, gpus_per_node: int, steps: int = 10) -> float:
         """Seconds to train the whole family's work on ``gpus`` GPUs at ``batch``, packed."""
         nodes = max(1, math.ceil(gpus / gpus_per_node))

@@ -209,6 +209,7 @@ class FfdlElastic:
             goodput=None if learned else TrueGoodput(family, view.progress),
             current_gpus=view.gpus,
             current_batch=view.batch if view.gpus else None,
+            current_nodes=view.nodes if view.gpus else None,
             waited_s=view.waited_s,
             running_s=view.running_s,
             age_s=view.age_s,

@@ -17,7 +17,9 @@ simulator, for the policy comparison.
   mutations that reset a job to its current count, take its GPUs away, or raise them toward
   its maximum; a repair that takes GPUs back from the jobs with the most attained service
   (then the newest) until the cluster's capacity holds. Jobs are packed on nodes by the
-  comparison's common placement, which stands in for Pollux's node-level allocation matrix.
+  comparison's common placement, which stands in for Pollux's node-level allocation matrix;
+  a running gang that placement spread over more machines than it needs is valued at its
+  speed there, as Pollux's own model of each placement would value it.
 - **Speeds**: the family's true ones, or, for ``pollux-fit`` (``learns_speed``), each job's
   step times fitted online from what it was seen to take (``learning.OnlineFit``), as
   Pollux's agents fit theirs.
@@ -69,12 +71,19 @@ class Pollux:
         goodput = np.zeros((count, total_gpus + 1))
         batches = np.zeros((count, total_gpus + 1), dtype=np.int64)
         for i, job in enumerate(jobs):
+            family = job.family
             if self.learns_speed:
                 family = dataclasses.replace(job.family, speed=self.learned.model(job))
                 table, best = family.best_goodputs(total_gpus, gpus_per_node, job.progress)
             else:
                 table, best = self._table(job.family, job.progress, total_gpus, gpus_per_node)
             goodput[i], batches[i] = table, best
+            if job.gpus and job.nodes > math.ceil(job.gpus / gpus_per_node):
+                # A gang spread over more machines than it needs runs at that speed while
+                # it keeps its count (the placement moves only gangs whose count changes).
+                goodput[i, job.gpus], batches[i, job.gpus] = family.best_goodput_on(
+                    job.gpus, job.nodes, job.progress
+                )
         reference = np.array(
             [goodput[i, _nearest_feasible(goodput[i], fair)] for i in range(count)]
         )

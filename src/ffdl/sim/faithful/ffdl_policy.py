@@ -138,6 +138,7 @@ class FfdlElastic:
                     gpus_per_learner=1,
                     current_gpus=len(current.get(key, [])),
                     current_batch=job.target_batch,
+                    current_nodes=len(set(current.get(key, []))) or None,
                     since_change_s=job.since_change_s,
                     age_s=job.age,
                     restarts=job.num_restarts,
