@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ffdl.elastic.choices import batch_candidates
 from ffdl.elastic.efficiency import GradientStats, efficiency
 from ffdl.elastic.optimizer import (
     ElasticJob,
     Plan,
-    batch_candidates,
     optimize,
     useful_progress,
 )

@@ -10,15 +10,13 @@ import pytest
 
 from ffdl.core.manifest import ElasticSpec
 from ffdl.elastic.candidates import batch_choice
+from ffdl.elastic.choices import MAX_GPU_CHOICES, batch_candidates, gpu_candidates
 from ffdl.elastic.efficiency import GradientStats
 from ffdl.elastic.optimizer import (
-    MAX_GPU_CHOICES,
     OBJECTIVES,
     ElasticJob,
     Objective,
     Plan,
-    batch_candidates,
-    gpu_candidates,
     optimize,
     restart_share,
     useful_progress,

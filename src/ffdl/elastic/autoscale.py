@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ffdl.elastic.optimizer import DEFAULT_GPUS_PER_NODE, ElasticJob, Objective, optimize
+from ffdl.elastic.choices import DEFAULT_GPUS_PER_NODE
+from ffdl.elastic.optimizer import ElasticJob, Objective, optimize
 from ffdl.elastic.plan import RescaleDecision, diff
 
 

@@ -25,9 +25,10 @@ weight and its restart penalty enter as they do in the sum, so for one job alone
 objectives rescale it at exactly the same gains.
 
 * ``g_j`` is 0 or a multiple of ``gpus_per_learner`` inside ``gpu_range`` (a gang of whole
-  learners). Long ranges are thinned to at most ``MAX_GPU_CHOICES`` geometrically spaced
-  values that always include the range's ends and the job's current count, plus the counts
-  that fill whole nodes (every one up to ``MAX_GPU_CHOICES`` of them). Callers give no
+  learners). Long ranges are thinned (``ffdl.elastic.choices``) to at most
+  ``MAX_GPU_CHOICES`` geometrically spaced values that always include the range's ends and
+  the job's current count, plus the counts that fill whole nodes (every one up to
+  ``MAX_GPU_CHOICES`` of them). Callers give no
   range wider than the cluster (the autoscaler clamps it): thinned, a range of hundreds of
   GPUs leaves steps of about 50% among the sizes a 64-GPU cluster has, and in the policy
   comparison (``docs/simulations``, section 6) that alone cost long jobs 3% of p99 JCT.
@@ -133,21 +134,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
 
 from ffdl.elastic.accumulation import accumulation_steps, layout
+from ffdl.elastic.choices import DEFAULT_GPUS_PER_NODE, batch_candidates, gpu_candidates
 from ffdl.elastic.efficiency import GradientStats, efficiencies_for, efficiency, noise_scale
 from ffdl.elastic.goodput import GoodputModel, goodput_at
 from ffdl.elastic.throughput import FloatArray, ThroughputModel, step_times
 
 Objective = Literal["throughput", "proportional"]
 OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
-MAX_GPU_CHOICES = 16
-DEFAULT_GPUS_PER_NODE = 8
 # What a batch-only change of a job that rebatches in place costs, as a share of a restart's.
 REBATCH_IN_PLACE_SHARE = 0.1
 # Relative slack when recognising which option reached the optimum during the walk back.
@@ -291,63 +290,6 @@ def useful_progress(
         return goodput_at(job.goodput, gpus, nodes_for(gpus, gpus_per_node), batch, steps)
     throughput = job.model.throughput(gpus, batch, nodes_for(gpus, gpus_per_node), steps)
     return throughput * efficiency(batch, job.base_batch, job.grad_stats)
-
-
-def gpu_candidates(
-    job: ElasticJob,
-    total_gpus: int,
-    *,
-    fixed_batch: bool = False,
-    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-) -> tuple[int, ...]:
-    """The non-zero GPU counts the optimizer considers for ``job``, ascending.
-
-    Multiples of ``gpus_per_learner`` in ``gpu_range`` (narrowed to the counts some
-    candidate batch can feed within ``local_batch_range``), thinned to ``MAX_GPU_CHOICES``
-    geometrically spaced values; every count that fills whole nodes (a multiple of
-    ``gpus_per_node`` and of ``gpus_per_learner``) in the range, thinned the same way only
-    when there are more than ``MAX_GPU_CHOICES`` of them; and the current count when it is
-    allowed; capped at ``total_gpus``. The thinning ignores ``total_gpus`` so more GPUs
-    never remove a choice.
-    """
-    low, high = job.gpu_range
-    if job.local_batch_range is not None:
-        smallest, largest = (
-            (job.base_batch, job.base_batch)
-            if fixed_batch or job.batch_range is None
-            else job.batch_range
-        )
-        local_low, local_high = job.local_batch_range
-        if not job.accumulate:
-            low = max(low, -(-smallest // local_high))
-        high = min(high, largest // local_low)
-    step = job.gpus_per_learner
-    choices = set(_thinned_multiples(low, high, step, MAX_GPU_CHOICES))
-    # A gang on whole nodes packs best and talks least across machines: the geometric
-    # spacing alone would skip most of these (on 4-GPU nodes, 1..64 has no 8, 24, 32, 48).
-    whole_nodes = math.lcm(step, gpus_per_node)
-    choices.update(_thinned_multiples(max(low, whole_nodes), high, whole_nodes, MAX_GPU_CHOICES))
-    current = job.current_gpus
-    if current > 0 and current % step == 0 and low <= current <= high:
-        choices.add(current)
-    return tuple(sorted(g for g in choices if g <= total_gpus))
-
-
-def batch_candidates(
-    job: ElasticJob, *, batch_choices: int = 8, fixed_batch: bool = False
-) -> tuple[int, ...]:
-    """The batch sizes the optimizer considers for ``job``, ascending.
-
-    A geometric grid of ``batch_choices`` sizes from the range's minimum to its maximum, plus
-    ``b0`` and the current batch when it lies in the range; only ``b0`` without a range or
-    with ``fixed_batch``.
-    """
-    if job.batch_range is None or fixed_batch:
-        return (job.base_batch,)
-    low, high = job.batch_range
-    current = job.current_batch
-    extra = current if current is not None and low <= current <= high else job.base_batch
-    return _batch_grid(low, high, job.base_batch, extra, batch_choices)
 
 
 @dataclass(slots=True)
@@ -779,29 +721,3 @@ def _solve(options: _Options, capacity: int, unit: int) -> list[int]:
         else:  # pragma: no cover - the optimum is always reached by some option
             raise AssertionError("elastic DP walk-back found no option reaching the optimum")
     return chosen
-
-
-@lru_cache(maxsize=4096)
-def _thinned_multiples(low: int, high: int, step: int, limit: int) -> tuple[int, ...]:
-    first = -(-low // step) * step
-    last = high // step * step
-    if first > last:
-        return ()
-    if (last - first) // step + 1 <= limit:
-        return tuple(range(first, last + 1, step))
-    picks = {first, last}
-    ratio = last / first
-    for t in range(1, limit - 1):
-        target = first * ratio ** (t / (limit - 1))
-        picks.add(min(max(round(target / step) * step, first), last))
-    return tuple(sorted(picks))
-
-
-@lru_cache(maxsize=4096)
-def _batch_grid(low: int, high: int, base: int, extra: int, size: int) -> tuple[int, ...]:
-    picks = {low, high, base, extra}
-    if size >= 2:
-        ratio = high / low
-        for t in range(1, size - 1):
-            picks.add(min(max(round(low * ratio ** (t / (size - 1))), low), high))
-    return tuple(sorted(picks))

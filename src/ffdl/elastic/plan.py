@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ffdl.elastic.optimizer import DEFAULT_GPUS_PER_NODE, ElasticJob, Plan, useful_progress
+from ffdl.elastic.choices import DEFAULT_GPUS_PER_NODE
+from ffdl.elastic.optimizer import ElasticJob, Plan, useful_progress
 
 # Decisions that free GPUs come first so that the ones taking GPUs find them free.
 _KIND_ORDER = {"stop": 0, "shrink": 1, "rebatch": 2, "grow": 3, "start": 4}
