@@ -13,7 +13,8 @@ measures for ``--window`` seconds and prints one row per run:
   scheduler's ``/metrics`` histogram);
 - API latency p50/p99 for submit, list (first and a deep page, by offset and by keyset),
   show and loglines, under that load;
-- report ingestion: log lines/s and metric points/s acknowledged, and the harness's backlog;
+- report ingestion: log lines/s and metric points/s acknowledged, the harness's backlog,
+  and the CPU the replicas and the harness took meanwhile (per cent of one core);
 - each replica's RSS, the database's growth per million log lines, one ``/metrics``
   scrape's time and size, control-plane CPU seconds per job start.
 
@@ -260,7 +261,9 @@ class Fleet:
             seed_finished_jobs(database_url, self.stored)
             tokens = self._tenants(replicas[0])
             harness_url = f"http://127.0.0.1:{harness_port}"
-            result.figures = self._load(replicas, tokens, harness_url, database_url, home)
+            result.figures = self._load(
+                replicas, tokens, harness_url, harness.pid, database_url, home
+            )
             result.lost = self._lost(replicas[0])
         finally:
             self.stop.set()
@@ -372,6 +375,7 @@ class Fleet:
         replicas: list[LiveServer],
         tokens: list[str],
         harness_url: str,
+        harness_pid: int,
         database_url: str,
         home: Path,
     ) -> dict[str, float | None]:
@@ -392,6 +396,7 @@ class Fleet:
         time.sleep(args.duration)  # the ramp: the cluster fills up to its steady state
         harness = httpx.Client(base_url=harness_url, timeout=30)
         before_stats = harness.get("/stats").json()
+        before_harness_cpu = process_cpu_s(harness_pid)
         before_loops = {loop: self._loop_buckets(replicas, loop) for loop in LOOPS}
         before_cpu = sum(process_cpu_s(pid) for pid in pids)
         before_db = database_bytes(database_url, home)
@@ -403,6 +408,7 @@ class Fleet:
         self.measuring.clear()
         elapsed = time.monotonic() - started
         after_stats = harness.get("/stats").json()
+        after_harness_cpu = process_cpu_s(harness_pid)
         after_loops = {loop: self._loop_buckets(replicas, loop) for loop in LOOPS}
         after_cpu = sum(process_cpu_s(pid) for pid in pids)
         after_db = database_bytes(database_url, home)
@@ -439,6 +445,9 @@ class Fleet:
             "metrics/s": metrics / elapsed,
             "backlog": float(after_stats["backlog_items"]),
             "report p99 ms": after_stats["post_p99_ms"],
+            # Of one core: where the two cores went while the reports poured in.
+            "replicas CPU %": (after_cpu - before_cpu) / elapsed * 100,
+            "harness CPU %": (after_harness_cpu - before_harness_cpu) / elapsed * 100,
             "max RSS MiB": max(rss_mib(pid) for pid in pids),
             "DB MiB per M lines": (after_db - before_db) / 2**20 / (lines / 1e6) if lines else None,
             "scrape ms": scrape_s * 1000,
@@ -451,6 +460,10 @@ class Fleet:
             figures[f"{name} p50"] = quantile(values, 0.5)
             figures[f"{name} p99"] = quantile(values, 0.99)
         figures["errors"] = float(sum(self.errors.values()))
+        # Report posts the server answered with an error of its own (the learner retries).
+        figures["reports failed"] = float(
+            sum(n for code, n in after_stats["answers"].items() if int(code) >= 500)
+        )
         return figures
 
     def _loop_buckets(self, replicas: list[LiveServer], loop: str) -> dict[float, float]:
@@ -520,7 +533,17 @@ def print_runs(runs: list[Run]) -> None:
                 for q in ("p50", "p99")
             ],
         ),
-        ("reports", ["lines/s", "metrics/s", "backlog", "report p99 ms"]),
+        (
+            "reports",
+            [
+                "lines/s",
+                "metrics/s",
+                "backlog",
+                "report p99 ms",
+                "replicas CPU %",
+                "harness CPU %",
+            ],
+        ),
         (
             "cost",
             ["max RSS MiB", "DB MiB per M lines", "scrape ms", "scrape KiB", "CPU s per start"],
@@ -549,7 +572,7 @@ def print_runs(runs: list[Run]) -> None:
     for run in runs:
         print(
             f"  {run.setup.label}, {run.nodes} nodes: errors {run.figures.get('errors') or 0:.0f}, "
-            f"jobs lost {run.lost}"
+            f"reports failed {run.figures.get('reports failed') or 0:.0f}, jobs lost {run.lost}"
         )
 
 

@@ -116,6 +116,8 @@ def test_a_few_hundred_simulated_learners_lose_nothing_and_every_job_ends(
         wait_for(all_ended, timeout=150, interval=0.5, what="every simulated job COMPLETED")
         stats = httpx.get(f"{harness}/stats", timeout=10).json()
         assert stats["backlog_items"] == 0 and stats["refused_items"] == 0
+        # A report the server failed to store is retried until it is, and must not happen.
+        assert not [code for code in stats["answers"] if int(code) >= 500], stats["answers"]
         assert stats["learners"].get("running", 0) == 0
 
         stored = 0

@@ -4,17 +4,17 @@ Twenty jobs (each ``python -c "import time; time.sleep(D)"``, D from 1 to 2.5 s,
 or two learners of one or two GPUs, mixed priorities) go through a real server on two declared
 nodes of 2 GPUs, so most of them queue. The simulator then replays the same arrivals (the
 server's submission times) with each job lasting its scripted sleep plus one fixed start
-overhead, measured once beforehand through the same server on a chain of five one-second
-jobs that each take the whole cluster: the median of what each link of the chain takes
-beyond its sleep (noticing the previous job ended, placement, deployment, controller start,
-staging, status reporting). The median, because one link slowed by a busy machine would
-otherwise shift every simulated completion. Measured run times of the twenty jobs are not
-used. The start order must be the same, and every completion time (from the first
-submission) within 10% (or one start overhead for the first jobs, whose 10% is less than
-one start's jitter on a busy machine), plus the jitter this machine showed in the calibration
-chain (its slowest link less its fastest) once for every start in the job's chain: the
-passes that started something up to and including its own. The overhead is about 0.4-0.5 s per job on an idle
-machine and the jitter under 0.1 s; a busy machine widens both, and the bound with them.
+overhead, measured once beforehand through the same server on a chain of five one-second jobs
+that each take the whole cluster: the median of what each link of the chain takes beyond its
+sleep (noticing the previous job ended, placement, deployment, controller start, staging,
+status reporting). The median, because one link slowed by a busy machine would otherwise shift
+every simulated completion. Measured run times of the twenty jobs are not used. The start order
+must be the same, and every completion time (from the first submission) within 10% (or one
+start overhead for the first jobs, whose 10% is less than one start's jitter on a busy
+machine), plus the jitter this machine showed in the calibration chain (its slowest link less
+its fastest) once for every start in the job's chain: the passes that started something up to
+and including its own. The overhead is about 0.4-0.5 s per job on an idle machine and the
+jitter under 0.1 s; a busy machine widens both, and the bound with them.
 """
 
 from __future__ import annotations

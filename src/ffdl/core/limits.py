@@ -22,6 +22,9 @@ MAX_COUNT = 2**31 - 1
 MAX_ITERATION = MAX_INT64
 # Report times are Unix seconds; 9999-12-31T23:59:59Z is the last one ``datetime`` shows.
 MAX_REPORT_TIME = 253_402_300_799.0
+# A tuple, not ``int | float``: checked for every report item, and a union is built anew
+# at each call.
+_NUMBERS = (int, float)
 # Far beyond float32's range, so no real metric reaches it, and small enough that sums and
 # products of a few values stay finite where the platform aggregates them.
 MAX_METRIC_MAGNITUDE = 1e100
@@ -49,7 +52,7 @@ def iteration_problem(value: object) -> str | None:
 
 def time_problem(value: object) -> str | None:
     """Why ``value`` cannot be a report time in Unix seconds, or None when it can."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, _NUMBERS):
         return "time must be a number"
     if not math.isfinite(value) or not 0 <= value <= MAX_REPORT_TIME:
         return "time out of range"
@@ -58,7 +61,7 @@ def time_problem(value: object) -> str | None:
 
 def metric_value_problem(name: str, value: object) -> str | None:
     """Why ``value`` cannot be the metric ``name``'s value, or None when it can."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, _NUMBERS):
         return f"value {name!r} is not a number"
     if isinstance(value, int) and not in_int64(value):
         return f"value {name!r} out of range"
@@ -73,7 +76,7 @@ def metric_value_problem(name: str, value: object) -> str | None:
 def bounded_int(value: object, field: str, low: int, high: int, *, code: str = "C100") -> int:
     """``value`` as an int within [low, high], or a 400 naming ``field``."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        shown = repr(value) if isinstance(value, int | float) else type(value).__name__
+        shown = repr(value) if isinstance(value, _NUMBERS) else type(value).__name__
         if len(shown) > 40:
             shown = shown[:37] + "..."
         raise BadRequest(

@@ -242,6 +242,10 @@ class ElasticPolicy(_Base):
             grad_stats=family.grad_stats,
             current_gpus=record.gpus if running else 0,
             current_batch=record.batch if running else None,
+            # A gang keeps its machines while its count stays: value it where it runs.
+            current_nodes=len(record.placement.nodes)
+            if running and record.placement is not None and record.gpus > 0
+            else None,
             waited_s=0.0 if running else sim.now - record.queued_since,
             running_s=sim.now - record.productive_from if running else 0.0,
             age_s=sim.now - record.submitted,
