@@ -1,7 +1,8 @@
 """Many rows in one go on the driver's own statements (``store/bulk.py``), on a real SQLite
 file and a real PostgreSQL database: every row reads back through the ORM as it was given
 (JSON values, reserved column names, NULLs), more rows than one SQLite statement holds, and
-in the session's transaction: rolled back with it, and after its pending changes."""
+in the session's transaction: rolled back with it, and after its pending changes. A
+PostgreSQL connection lost under a ``COPY`` is the database away, and leaves the pool."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from sqlalchemy import Table, select
+from sqlalchemy import Table, select, text
 
+from ffdl.core.errors import Unavailable
 from ffdl.server.store.bulk import SQLITE_ROWS, insert_rows
 from ffdl.server.store.models import Job, LogLine, Metric
 from ffdl.server.store.transitions import utcnow
@@ -115,3 +117,21 @@ def test_no_rows_is_nothing(tmp_path: Path) -> None:
         insert_rows(session, LOG_LINES, [])
     with store.read() as session:
         assert session.scalars(select(LogLine)).all() == []
+
+
+def test_a_connection_lost_under_the_copy_is_an_outage_and_the_next_write_works(
+    tmp_path: Path,
+) -> None:
+    store = make_store(tmp_path, "postgresql")
+    make_job(store)
+    with pytest.raises(Unavailable), store.write() as session:
+        backend = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with store.engine.connect() as other:
+            other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend})
+            other.commit()
+        insert_rows(session, LOG_LINES, [_line(1)])
+    # The broken connection went from the pool: the next write gets a live one.
+    with store.write() as session:
+        insert_rows(session, LOG_LINES, [_line(2)])
+    with store.read() as session:
+        assert session.scalars(select(LogLine.seq)).all() == [2]
