@@ -46,6 +46,13 @@ def make_store(tmp_path: Path, database: str = "sqlite") -> Store:
 
 
 def make_job(store: Store, job_id: str = "training-test", **fields: object) -> str:
+    with store.write() as session:
+        session.add(job_row(job_id, **fields))
+    return job_id
+
+
+def job_row(job_id: str = "training-test", **fields: object) -> Job:
+    """A QUEUED job of tenant t1's user u1, not yet added to any session."""
     now = utcnow()
     values: dict[str, object] = {
         "id": job_id,
@@ -62,9 +69,7 @@ def make_job(store: Store, job_id: str = "training-test", **fields: object) -> s
         "status_changed_at": now,
     }
     values.update(fields)
-    with store.write() as session:
-        session.add(Job(**values))
-    return job_id
+    return Job(**values)
 
 
 def start_learner(

@@ -15,8 +15,7 @@ from sqlalchemy import Table, select, text
 from ffdl.core.errors import Unavailable
 from ffdl.server.store.bulk import SQLITE_ROWS, insert_rows
 from ffdl.server.store.models import Job, LogLine, Metric
-from ffdl.server.store.transitions import utcnow
-from tests.server.factories import make_job, make_store, on_both_databases
+from tests.server.factories import job_row, make_job, make_store, on_both_databases
 
 LOG_LINES = cast(Table, LogLine.__table__)
 METRICS = cast(Table, Metric.__table__)
@@ -87,22 +86,7 @@ def test_rows_go_in_after_pending_changes_and_roll_back_with_the_transaction(
     store = make_store(tmp_path, database)
     with pytest.raises(RuntimeError), store.write() as session:
         # The job is only pending in the session: its lines' foreign key needs it flushed.
-        now = utcnow()
-        job = Job(
-            id="training-test",
-            tenant_id="t1",
-            user_id="u1",
-            name="job",
-            manifest={},
-            status="QUEUED",
-            learners=1,
-            gpus=0,
-            cpus=1.0,
-            memory_mb=256,
-            submitted_at=now,
-            status_changed_at=now,
-        )
-        session.add(job)
+        session.add(job_row())
         insert_rows(session, LOG_LINES, [_line(1)])
         assert session.scalars(select(LogLine.text)).all() == [_line(1)["text"]]
         raise RuntimeError("abandoned")
