@@ -4,7 +4,9 @@ Two deterministic random workloads: 1,000 jobs on 4,096 GPUs and 100 jobs on 512
 a mix of running and queued jobs, GPU gangs, batch ranges and gradient statistics. Each is
 solved repeatedly with each objective and the live autoscaler's other defaults (restarts
 charged by age, admission after 60 s); the median and 95th percentile wall time are printed
-beside the goal.
+beside the goal. The same jobs are then solved on GPUs of three types (``optimize_types``:
+the 4,096 GPUs split evenly, each type's step twice as fast as the next one's), every job
+accepting all three and each running job on one of them.
 
 Run: ``python benchmarks/bench_optimizer.py``.
 """
@@ -14,13 +16,17 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from dataclasses import replace
 
+from ffdl.elastic.by_type import TypedJob, optimize_types
 from ffdl.elastic.efficiency import GradientStats
 from ffdl.elastic.optimizer import OBJECTIVES, ElasticJob, Objective, optimize
 from ffdl.elastic.throughput import ThroughputModel
 
 GOAL_MS = 100.0
 WORKLOADS = ((1000, 4096), (100, 512))
+# Three GPU types and the speed of each relative to the slowest.
+TYPE_SPEEDS = {"h100": 4.0, "a100": 2.0, "v100": 1.0}
 REPEATS = 21
 
 
@@ -69,14 +75,45 @@ def make_jobs(count: int, total_gpus: int, seed: int = 7) -> list[ElasticJob]:
     return jobs
 
 
+def make_typed_jobs(count: int, total_gpus: int) -> tuple[list[TypedJob], dict[str, int]]:
+    """``make_jobs`` on three GPU types: each job's step takes 1 / speed as long on a type,
+    and each running job runs on a type that still holds it."""
+    share = {t: total_gpus // len(TYPE_SPEEDS) for t in TYPE_SPEEDS}
+    share["h100"] += total_gpus - sum(share.values())
+    free = dict(share)
+    rng = random.Random(11)
+    typed = []
+    for job in make_jobs(count, total_gpus):
+        variants = {
+            t: replace(
+                job, model=replace(job.model, alpha=job.model.alpha / s, beta=job.model.beta / s)
+            )
+            for t, s in TYPE_SPEEDS.items()
+        }
+        current = None
+        if job.running:
+            fitting = [t for t in TYPE_SPEEDS if free[t] >= job.current_gpus] or list(TYPE_SPEEDS)
+            current = rng.choice(fitting)
+            free[current] -= job.current_gpus
+        typed.append(TypedJob(variants, current))
+    return typed, share
+
+
 def time_workload(
-    count: int, total_gpus: int, objective: Objective, repeats: int = REPEATS
+    count: int, total_gpus: int, objective: Objective, repeats: int = REPEATS, typed: bool = False
 ) -> tuple[float, float]:
-    """Median and 95th percentile milliseconds of ``optimize`` on one workload."""
+    """Median and 95th percentile milliseconds of ``optimize`` (or, ``typed``,
+    ``optimize_types``) on one workload."""
     jobs = make_jobs(count, total_gpus)
+    typed_jobs, by_type = make_typed_jobs(count, total_gpus)
 
     def solve() -> None:
-        optimize(jobs, total_gpus, objective=objective, restart_cost_s=30.0, admit_after_s=60.0)
+        if typed:
+            optimize_types(
+                typed_jobs, by_type, objective=objective, restart_cost_s=30.0, admit_after_s=60.0
+            )
+        else:
+            optimize(jobs, total_gpus, objective=objective, restart_cost_s=30.0, admit_after_s=60.0)
 
     solve()  # warm caches and numpy before timing
     samples = []
@@ -92,18 +129,19 @@ def time_workload(
 def main() -> dict[str, float]:
     results: dict[str, float] = {}
     print(
-        f"{'workload':<22}{'objective':<14}{'median ms':>10}{'p95 ms':>10}{'goal ms':>10}"
+        f"{'workload':<31}{'objective':<14}{'median ms':>10}{'p95 ms':>10}{'goal ms':>10}"
         f"{'goal/median':>13}"
     )
-    for count, total_gpus in WORKLOADS:
+    for (count, total_gpus), typed in [(w, False) for w in WORKLOADS] + [(WORKLOADS[0], True)]:
         for objective in OBJECTIVES:
-            median, p95 = time_workload(count, total_gpus, objective)
-            name = f"{count}_jobs_{total_gpus}_gpus_{objective}"
+            median, p95 = time_workload(count, total_gpus, objective, typed=typed)
+            kinds = "_3_types" if typed else ""
+            name = f"{count}_jobs_{total_gpus}_gpus{kinds}_{objective}"
             results[f"{name}_median_ms"] = median
             results[f"{name}_p95_ms"] = p95
-            label = f"{count} jobs x {total_gpus} GPUs"
+            label = f"{count} jobs x {total_gpus} GPUs" + (", 3 types" if typed else "")
             print(
-                f"{label:<22}{objective:<14}{median:>10.1f}{p95:>10.1f}{GOAL_MS:>10.0f}"
+                f"{label:<31}{objective:<14}{median:>10.1f}{p95:>10.1f}{GOAL_MS:>10.0f}"
                 f"{GOAL_MS / median:>12.1f}x"
             )
     return results

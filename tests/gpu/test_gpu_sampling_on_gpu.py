@@ -42,9 +42,11 @@ def test_a_gpu_bound_jobs_samples_show_it_busy(tmp_path: Path) -> None:
 
         def measured() -> dict[str, Any] | None:
             use = server.model(job_id).get("gpu_utilization")
-            return use if use and use["measured_s"] >= 10 else None
+            return use if use and use["measured_s"] >= 20 else None
 
-        use = wait_on_gpu(server, [job_id], measured, timeout=120, what="10 s of GPU samples")
+        # The average covers the job's start too (CUDA initialising, allocating: idle GPU,
+        # about 5 s on an H200), so it is read after 20 s of samples, not 10.
+        use = wait_on_gpu(server, [job_id], measured, timeout=120, what="20 s of GPU samples")
         assert use["average"] > 50.0, use
         assert use["memory_mb"] is not None and use["memory_mb"] > 2000.0, use
         samples = server.client.get(f"/v1/models/{job_id}/gpu").json()["samples"]

@@ -8,7 +8,8 @@ from pathlib import Path
 from ffdl.core.manifest import ElasticSpec
 from ffdl.core.resources import LearnerPlacement, Node, Placement
 from ffdl.core.status import JobStatus
-from ffdl.server.loops.autoscaler import job_state, reachable_gpus
+from ffdl.elastic.throughput import ThroughputModel, on_faster_gpus, prior
+from ffdl.server.loops.autoscaler import job_state, model_on_type, reachable_gpus
 from ffdl.server.store.models import Job
 from tests.server.factories import make_job, make_store
 
@@ -66,3 +67,22 @@ def test_an_elastic_gang_reaches_the_gpus_of_one_type_it_accepts(tmp_path: Path)
         }
     # The largest type it may use, drained nodes left out; all of them when it may mix.
     assert reach == {"training-any": 16, "training-a100": 4, "training-mixed": 20}
+
+
+def test_a_job_is_valued_on_each_gpu_type_by_what_it_measured_or_scaled_speeds() -> None:
+    speeds = {"h100": 3.0, "a100": 1.0}
+    on_a100 = ThroughputModel(alpha=0.01, beta=0.003, gamma=0.04, delta=0.02)
+    on_h100 = ThroughputModel(alpha=0.002, beta=0.002, gamma=0.04, delta=0.02)
+    # Never ran: the prior, three times as fast in compute on an H100.
+    assert model_on_type({}, "h100", speeds) == on_faster_gpus(prior(), 3.0)
+    assert model_on_type({}, "a100", speeds) == prior()
+    # Ran on A100s only: that fit, scaled for the H100s; the exchange does not speed up.
+    scaled = model_on_type({"a100": on_a100}, "h100", speeds)
+    assert (scaled.alpha, scaled.beta) == (0.01 / 3.0, 0.003 / 3.0)
+    assert (scaled.gamma, scaled.delta) == (0.04, 0.02)
+    # Ran on both: each type's own fit, whatever the speeds say.
+    both = {"a100": on_a100, "h100": on_h100}
+    assert model_on_type(both, "h100", speeds) == on_h100
+    assert model_on_type(both, "a100", speeds) == on_a100
+    # A type not named in gpu_speeds counts 1.
+    assert model_on_type({"h100": on_h100}, "t4", speeds) == on_faster_gpus(on_h100, 1.0 / 3.0)

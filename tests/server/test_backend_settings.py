@@ -109,6 +109,13 @@ def test_elastic_policy_settings_out_of_range_are_refused_by_name(
         Settings.model_validate({"home": tmp_path, field: value})
 
 
+@pytest.mark.parametrize("speed", [0, -2, float("nan"), float("inf")])
+def test_a_gpu_speed_must_be_a_finite_positive_number(tmp_path: Path, speed: float) -> None:
+    with pytest.raises(ValidationError, match="gpu_speeds") as caught:
+        Settings.model_validate({"home": tmp_path, "gpu_speeds": {"h100": 3.0, "v100": speed}})
+    assert "not for v100" in str(caught.value)
+
+
 def test_the_elastic_policy_defaults(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
     assert settings.elastic_objective == "proportional"

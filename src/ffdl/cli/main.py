@@ -371,12 +371,21 @@ def scale(
     ctx: typer.Context,
     model_id: ModelId,
     gpus: Annotated[
-        int, typer.Option("--gpus", min=1, help="Total GPUs for the job, within elastic.gpus.")
-    ],
+        int | None,
+        typer.Option("--gpus", min=1, help="Total GPUs for the job, within elastic.gpus."),
+    ] = None,
+    gpu_type: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-type", help="Run on GPUs of this type (one the job accepts); 'any' lifts it."
+        ),
+    ] = None,
 ) -> None:
-    """Rescale a running job to a new number of GPUs."""
+    """Rescale an elastic job to a number of GPUs, a GPU type, or both."""
+    if gpus is None and gpu_type is None:
+        raise typer.BadParameter("give --gpus, --gpu-type or both")
     with client_of(ctx) as client:
-        model = client.scale(model_id, gpus)
+        model = client.scale(model_id, gpus, gpu_type)
     typer.echo(f"{model_id}: {_model_status(model)}")
 
 

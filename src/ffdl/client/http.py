@@ -383,8 +383,11 @@ class Client:
     def set_priority(self, model_id: str, priority: int) -> dict[str, Any]:
         return self._patch(model_id, {"priority": priority})
 
-    def scale(self, model_id: str, gpus: int) -> dict[str, Any]:
-        return self._patch(model_id, {"gpus": gpus})
+    def scale(
+        self, model_id: str, gpus: int | None = None, gpu_type: str | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"gpus": gpus, "gpu_type": gpu_type}
+        return self._patch(model_id, {k: v for k, v in body.items() if v is not None})
 
     def delete(self, model_id: str) -> dict[str, Any]:
         return self._json("DELETE", self._model_path(model_id))

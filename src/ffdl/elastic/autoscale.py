@@ -14,16 +14,21 @@ autoscaler loop and by the simulator:
   admit it instead of being preempted);
 - the result is ``diff``'s ordered list of decisions: stops and shrinks before grows and
   starts, so GPUs are freed before they are taken.
+
+On a cluster of several GPU types, ``autoscale_types`` does the same over types
+(``ffdl.elastic.by_type``): a job is offered on every type it accepts, but only on its own
+type while it is held, and only on its pinned type when ``ffdl scale --gpu-type`` pinned one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from ffdl.elastic.by_type import TypedJob, optimize_types
 from ffdl.elastic.choices import DEFAULT_GPUS_PER_NODE
 from ffdl.elastic.optimizer import ElasticJob, Objective, optimize
-from ffdl.elastic.plan import RescaleDecision, diff
+from ffdl.elastic.plan import RescaleDecision, diff, diff_types
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,61 @@ def autoscale(
         objective=objective,
     )
     return diff(jobs, plan, gpus_per_node=gpus_per_node)
+
+
+@dataclass(frozen=True, slots=True)
+class TypedCandidate:
+    """One job on a cluster of several GPU types: a candidate per type it accepts (first
+    choice first), the type it runs on (None: queued) and the type it is pinned to."""
+
+    variants: Mapping[str, Candidate]
+    current_type: str | None = None
+    pinned_type: str | None = None
+
+
+def autoscale_types(
+    candidates: Sequence[TypedCandidate],
+    gpus_by_type: Mapping[str, int],
+    *,
+    restart_penalty: float = 0.1,
+    fixed_batch: bool = False,
+    fairness_after_s: float = 600.0,
+    gpus_per_node: Mapping[str, int],
+    restart_cost_s: float | None = None,
+    admit_after_s: float | None = None,
+    objective: Objective = "throughput",
+) -> list[RescaleDecision]:
+    """``autoscale`` over GPU types: decisions that name the type each job runs on."""
+    if not candidates:
+        return []
+    jobs = [_typed(c) for c in candidates]
+    plan = optimize_types(
+        jobs,
+        {t: max(count, 0) for t, count in gpus_by_type.items()},
+        restart_penalty=restart_penalty,
+        fixed_batch=fixed_batch,
+        fairness_after_s=fairness_after_s,
+        gpus_per_node=gpus_per_node,
+        restart_cost_s=restart_cost_s,
+        admit_after_s=admit_after_s,
+        objective=objective,
+    )
+    return diff_types(jobs, plan, gpus_per_node=gpus_per_node)
+
+
+def _typed(candidate: TypedCandidate) -> TypedJob:
+    variants = candidate.variants
+    current = candidate.current_type
+    held = current is not None and any(c.hold for c in variants.values())
+    if held:
+        keep: Sequence[str] = [str(current)]
+    elif candidate.pinned_type is not None and candidate.pinned_type in variants:
+        keep = [candidate.pinned_type]
+    else:
+        keep = list(variants)
+    # Pinned to another type than its own: offered only there, it moves when that type has
+    # room (and keeps running where it is until then).
+    return TypedJob({t: _pinned(variants[t]) for t in keep}, current)
 
 
 def _pinned(candidate: Candidate) -> ElasticJob:

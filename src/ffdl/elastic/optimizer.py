@@ -280,15 +280,22 @@ def nodes_for(gpus: int, gpus_per_node: int) -> int:
 
 
 def useful_progress(
-    job: ElasticJob, gpus: int, batch: int, *, gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+    job: ElasticJob,
+    gpus: int,
+    batch: int,
+    *,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    nodes: int | None = None,
 ) -> float:
-    """Useful samples per second ``T(g, b) * E(b)`` of ``job`` at ``gpus`` and ``batch``."""
+    """Useful samples per second ``T(g, b) * E(b)`` of ``job`` at ``gpus`` and ``batch``, on
+    ``nodes`` machines (None: the fewest that hold them)."""
     if gpus == 0:
         return 0.0
     steps = job.accumulation_steps(gpus, batch)
+    machines = nodes if nodes is not None else nodes_for(gpus, gpus_per_node)
     if job.goodput is not None:
-        return goodput_at(job.goodput, gpus, nodes_for(gpus, gpus_per_node), batch, steps)
-    throughput = job.model.throughput(gpus, batch, nodes_for(gpus, gpus_per_node), steps)
+        return goodput_at(job.goodput, gpus, machines, batch, steps)
+    throughput = job.model.throughput(gpus, batch, machines, steps)
     return throughput * efficiency(batch, job.base_batch, job.grad_stats)
 
 
@@ -397,8 +404,17 @@ def _evaluate(
     gpus_per_node: int,
     restart_cost_s: float | None,
     proportional: bool,
+    anchors: tuple[FloatArray, FloatArray] | None = None,
+    moving: Sequence[bool] | None = None,
 ) -> _Options:
-    """Value of every (job, GPU count) option, all jobs at once on a padded grid."""
+    """Value of every (job, GPU count) option, all jobs at once on a padded grid.
+
+    ``anchors`` (references, current progress), when given, replace each job's own progress
+    on one GPU at ``b0`` and at its current allocation (``ffdl.elastic.by_type``: a job's
+    speed-ups on every GPU type are counted against one reference, and a job that would
+    move to another type pays for leaving the progress it makes on its own). ``moving``
+    marks jobs whose current allocation is elsewhere: every option of theirs is a restart.
+    """
     gpu_lists = [
         gpu_candidates(job, total_gpus, fixed_batch=fixed_batch, gpus_per_node=gpus_per_node)
         for job in jobs
@@ -485,6 +501,8 @@ def _evaluate(
                 job, gpu_grid[j].astype(np.float64), node_grid[j], b[j], steps[j], exists[j],
                 gpus_per_node,
             )  # fmt: skip
+    if anchors is not None:
+        reference, current = anchors
     best_index = np.argmax(grid, axis=2)
     best_progress = np.take_along_axis(grid, best_index[:, :, None], axis=2)[:, :, 0]
     best_batch = np.take_along_axis(b, best_index[:, :, None], axis=2)[:, :, 0].astype(np.int64)
@@ -498,7 +516,7 @@ def _evaluate(
     preferred = [0] * len(jobs)
     stay_jobs, stay_gpus, stay_batches = [], [], []
     for j, job in enumerate(jobs):
-        if job.running and job.current_gpus in gpu_lists[j]:
+        if job.running and job.current_gpus in gpu_lists[j] and not (moving and moving[j]):
             column = gpu_lists[j].index(job.current_gpus)
             preferred[j] = column + 1
             if job.rebatch_in_place:

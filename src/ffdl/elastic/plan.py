@@ -2,7 +2,8 @@
 
 ``diff`` compares a plan with the jobs' current allocations and says, per job that changes,
 what happens and what it is expected to gain ("grow 2→4 GPUs, batch 256→512: +38% useful
-progress"). The autoscaler applies the decisions in the order returned (GPUs are freed before
+progress"); ``diff_types`` does the same for a plan over GPU types ("move a100→h100 GPUs
+..."). The autoscaler applies the decisions in the order returned (GPUs are freed before
 they are taken) and records each reason as the job's event. ``apply_schedule`` resolves a
 user-driven ``elastic.schedule`` from the manifest (``[{at_epoch, gpus}, ...]``) at an epoch.
 Both are pure.
@@ -11,8 +12,9 @@ Both are pure.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ffdl.elastic.by_type import TypedJob, TypedPlan
 from ffdl.elastic.choices import DEFAULT_GPUS_PER_NODE
 from ffdl.elastic.optimizer import ElasticJob, Plan, useful_progress
 
@@ -35,6 +37,8 @@ class RescaleDecision:
     yielded: bool = False
     # A batch-only change the job takes while it runs (``ElasticJob.rebatch_in_place``).
     in_place: bool = False
+    # The GPU type to run on (``diff_types``); None: wherever the scheduler finds room.
+    gpu_type: str | None = None
 
 
 def diff(
@@ -89,6 +93,65 @@ def diff(
             in_place=in_place,
         )
         ranked.append((_KIND_ORDER[kind], position, decision))
+    ranked.sort(key=lambda item: (item[0], item[1]))
+    return [decision for _, _, decision in ranked]
+
+
+def diff_types(
+    jobs: Sequence[TypedJob], typed: TypedPlan, *, gpus_per_node: Mapping[str, int]
+) -> list[RescaleDecision]:
+    """``diff`` for a plan over GPU types: every decision names its type, and a running job
+    planned on another type moves there (a restart) even at the same size."""
+    ranked: list[tuple[int, int, RescaleDecision]] = []
+    for position, (job, allocation, kind) in enumerate(
+        zip(jobs, typed.plan.allocations, typed.gpu_types, strict=True)
+    ):
+        home = job.home
+        one = Plan(allocations=(allocation,), objective=0.0, changed=())
+        if job.id in typed.plan.yielded:
+            one = replace(one, yielded=(job.id,))
+        per_node = gpus_per_node.get(job.current_type or kind or "", DEFAULT_GPUS_PER_NODE)
+        found = diff([home], one, gpus_per_node=per_node)
+        moving = home.running and kind is not None and kind != job.current_type
+        if moving:
+            before = useful_progress(
+                home, home.current_gpus, home.effective_current_batch, gpus_per_node=per_node
+            )
+            after = allocation.progress
+            move = f"move {job.current_type}→{kind} GPUs"
+            if job.current_type not in job.variants:
+                reason = (
+                    f"{move} as pinned by ffdl scale --gpu-type "
+                    f"({_gpus(allocation.gpus)}, batch {allocation.batch_size})"
+                )
+            elif found:
+                reason = f"{move}, {found[0].reason}"
+            else:
+                reason = (
+                    f"{move} ({_gpus(allocation.gpus)}, batch {allocation.batch_size}): "
+                    f"{_percent(after / before - 1.0) if before > 0 else '+'} useful progress"
+                )
+            base = found[0] if found else None
+            found = [
+                RescaleDecision(
+                    job_id=job.id,
+                    from_gpus=home.current_gpus,
+                    to_gpus=allocation.gpus,
+                    from_batch=home.effective_current_batch,
+                    to_batch=allocation.batch_size,
+                    reason=reason,
+                    expected_gain=after - before,
+                    yielded=base.yielded if base else False,
+                )
+            ]
+        for decision in found:
+            ranked.append(
+                (
+                    _KIND_ORDER["grow" if moving else _kind(decision.from_gpus, decision.to_gpus)],
+                    position,
+                    replace(decision, gpu_type=kind if decision.to_gpus else None),
+                )
+            )
     ranked.sort(key=lambda item: (item[0], item[1]))
     return [decision for _, _, decision in ranked]
 

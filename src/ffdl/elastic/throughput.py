@@ -133,6 +133,16 @@ def prior() -> ThroughputModel:
     return ThroughputModel.prior()
 
 
+def on_faster_gpus(model: ThroughputModel, factor: float) -> ThroughputModel:
+    """``model`` on GPUs ``factor`` times as fast: its compute (``alpha``, ``beta``) takes
+    ``1 / factor`` as long; the gradient exchange, a matter of the network, does not change."""
+    if not 0 < factor < math.inf:
+        raise ValueError(f"a speed factor must be a finite number > 0, got {factor}")
+    return ThroughputModel(
+        alpha=model.alpha / factor, beta=model.beta / factor, gamma=model.gamma, delta=model.delta
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class StepObservation:
     """One measured step: ``step_time_s`` seconds with this many GPUs, batch and nodes, each

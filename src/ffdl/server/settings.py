@@ -10,6 +10,7 @@ typed configuration (``LocalConfig``, ``RayConfig`` or ``SimulatedSetup``).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -182,6 +183,10 @@ class Settings(BaseSettings):
     # ``fairness_after_s`` may also stop a running job that has had a turn as long.
     admit_after_s: float = Field(default=60.0, ge=0)
     fairness_after_s: float = 600.0
+    # How fast a GPU of each type trains, relative to the others (e.g. {h100: 3, a100: 1};
+    # a type not named counts 1): the speed the elastic optimizer expects of a job on a type
+    # before it has run there. Once it has, its own step times there count.
+    gpu_speeds: dict[str, float] = Field(default_factory=dict)
 
     # Learner sandbox (local backend): bubblewrap per learner, each job under its own uid
     # drawn from [sandbox_uid_base, sandbox_uid_base + sandbox_uid_count). Off only on the
@@ -286,6 +291,16 @@ class Settings(BaseSettings):
         if self.tls_key is not None and self.tls_cert is None:
             raise ValueError("tls_key is set but tls_cert is not: HTTPS needs both")
         return self
+
+    @field_validator("gpu_speeds")
+    @classmethod
+    def _speeds_positive(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = sorted(name for name, speed in value.items() if not 0 < speed < math.inf)
+        if bad:
+            raise ValueError(
+                f"every GPU type's speed must be a finite number > 0, not for {', '.join(bad)}"
+            )
+        return value
 
     @field_validator("ray_address")
     @classmethod

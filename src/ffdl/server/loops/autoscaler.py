@@ -35,14 +35,20 @@ from typing import Any
 from sqlalchemy import func, select
 
 from ffdl.core.manifest import ElasticSpec, Manifest
-from ffdl.core.resources import Node, Placement
+from ffdl.core.resources import CPU_SLOTS, Node, Placement
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.elastic.accumulation import job_layout, running_batch
-from ffdl.elastic.autoscale import Candidate, autoscale
+from ffdl.elastic.autoscale import Candidate, TypedCandidate, autoscale, autoscale_types
 from ffdl.elastic.candidates import JobState, elastic_candidate
 from ffdl.elastic.efficiency import GradientStats
 from ffdl.elastic.plan import RescaleDecision
-from ffdl.elastic.throughput import StepObservation, ThroughputModel, fit, prior
+from ffdl.elastic.throughput import (
+    StepObservation,
+    ThroughputModel,
+    fit,
+    on_faster_gpus,
+    prior,
+)
 from ffdl.sdk.metrics import GRADIENT_GROUP
 from ffdl.server.loops.scheduler import PREEMPTED
 from ffdl.server.platform import Platform
@@ -81,7 +87,7 @@ class _Learned:
 class AutoscalerLoop:
     def __init__(self, platform: Platform) -> None:
         self._platform = platform
-        self._learned: dict[str, _Learned] = {}
+        self._learned: dict[tuple[str, str], _Learned] = {}  # by job id and GPU type
         self._specs: dict[str, ElasticSpec] = {}  # a job's manifest does not change
 
     def __call__(self) -> None:
@@ -100,7 +106,7 @@ class AutoscalerLoop:
                 )
             ).all()
             queued_fixed = session.execute(
-                select(Job.priority, Job.learners, Job.gpus)
+                select(Job.priority, Job.learners, Job.gpus, Job.gpu_types)
                 .where(Job.status == JobStatus.QUEUED.value, Job.elastic.is_(False))
                 .order_by(Job.priority.desc(), Job.submitted_at)
                 .limit(1)
@@ -108,24 +114,63 @@ class AutoscalerLoop:
             elastic_ids = [j.id for j in jobs if j.elastic]
             epochs = self._epochs(session, elastic_ids)
             gradients = gradient_stats(session, elastic_ids)
+            node_types = {n.name: n.gpu_type for n in nodes}
             for job in jobs:
                 if job.elastic and job.status == JobStatus.PROCESSING.value:
-                    self._learn(session, job)
+                    self._learn(session, job, node_types)
         self._move_off_drained(jobs, drained)
+        types = _gpu_types(nodes)
+        settings = platform.settings
+        options = {
+            "restart_penalty": settings.restart_penalty,
+            "restart_cost_s": settings.restart_cost_s,
+            "fairness_after_s": settings.fairness_after_s,
+            "admit_after_s": settings.admit_after_s,
+            "objective": settings.elastic_objective,
+        }
+        with Timer(OPTIMIZER_SECONDS.observe):
+            if len(types) > 1:
+                decisions = self._plan_over_types(
+                    jobs, nodes, drained, queued_fixed, epochs, gradients, options
+                )
+            else:
+                decisions = self._plan(
+                    jobs, nodes, drained, queued_fixed, epochs, gradients, options
+                )
+        if decisions:
+            self._apply(decisions)
+        live = {job.id for job in jobs}
+        self._learned = {k: v for k, v in self._learned.items() if k[0] in live}
+        self._specs = {k: v for k, v in self._specs.items() if k in live}
+
+    def _plan(
+        self,
+        jobs: Sequence[Job],
+        nodes: Sequence[Node],
+        drained: set[str],
+        queued_fixed: Any,
+        epochs: dict[str, int],
+        gradients: dict[str, GradientStats],
+        options: dict[str, Any],
+    ) -> list[RescaleDecision]:
+        """Decisions on a cluster of one GPU type (or none)."""
         capacity = sum(n.gpus for n in nodes if n.schedulable)
         candidates: list[Candidate] = []
         running_elastic_priorities: list[int] = []
         held = 0
         now = time.time()
-        fresh_s = max(QUEUED_GRACE_INTERVALS * platform.settings.scheduler_interval_s, 1.0)
+        node_types = {n.name: n.gpu_type for n in nodes}
         for job in jobs:
             gpus = job.gpus * job.learners
             if job.status == JobStatus.QUEUED.value:
-                if now - epoch(job.status_changed_at) < fresh_s or _held_back(job, now):
+                if self._waits_for_scheduler(job, now):
                     continue
                 reach = reachable_gpus(job, nodes)
+                model = self._model(job.id, None)
                 candidates.append(
-                    self._candidate(job, 0, now, epochs.get(job.id), gradients.get(job.id), reach)
+                    self._candidate(
+                        job, 0, now, epochs.get(job.id), gradients.get(job.id), reach, model
+                    )
                 )
                 continue
             held += gpus
@@ -134,31 +179,97 @@ class AutoscalerLoop:
                 continue
             running_elastic_priorities.append(job.priority)
             reach = reachable_gpus(job, nodes)
+            model = self._model(job.id, _type_of(job, node_types))
             candidates.append(
-                self._candidate(job, gpus, now, epochs.get(job.id), gradients.get(job.id), reach)
+                self._candidate(
+                    job, gpus, now, epochs.get(job.id), gradients.get(job.id), reach, model
+                )
             )
         if queued_fixed is not None and running_elastic_priorities:
             demand = queued_fixed.learners * queued_fixed.gpus
             free = sum(n.gpus for n in nodes if n.schedulable) - held
             if demand > free and queued_fixed.priority > min(running_elastic_priorities):
                 capacity -= demand
-        settings = platform.settings
-        with Timer(OPTIMIZER_SECONDS.observe):
-            decisions = autoscale(
-                candidates,
-                capacity,
-                restart_penalty=settings.restart_penalty,
-                restart_cost_s=settings.restart_cost_s,
-                fairness_after_s=settings.fairness_after_s,
-                admit_after_s=settings.admit_after_s,
-                objective=settings.elastic_objective,
-                gpus_per_node=max((n.gpus for n in nodes), default=1) or 1,
-            )
-        if decisions:
-            self._apply(decisions)
-        live = {job.id for job in jobs}
-        self._learned = {k: v for k, v in self._learned.items() if k in live}
-        self._specs = {k: v for k, v in self._specs.items() if k in live}
+        return autoscale(
+            candidates,
+            capacity,
+            gpus_per_node=max((n.gpus for n in nodes), default=1) or 1,
+            **options,
+        )
+
+    def _plan_over_types(
+        self,
+        jobs: Sequence[Job],
+        nodes: Sequence[Node],
+        drained: set[str],
+        queued_fixed: Any,
+        epochs: dict[str, int],
+        gradients: dict[str, GradientStats],
+        options: dict[str, Any],
+    ) -> list[RescaleDecision]:
+        """Decisions on a cluster of several GPU types: each elastic job is offered on every
+        type it accepts, valued there by what it measured there, else by what it measured
+        elsewhere (or the prior) scaled by ``gpu_speeds``."""
+        node_types = {n.name: n.gpu_type for n in nodes}
+        total = {t: 0 for t in _gpu_types(nodes)}
+        per_node = dict.fromkeys(total, 1)
+        for node in nodes:
+            if node.schedulable and node.gpu_type in total:
+                total[node.gpu_type] += node.gpus
+                per_node[node.gpu_type] = max(per_node[node.gpu_type], node.gpus)
+        capacity = dict(total)
+        candidates: list[TypedCandidate] = []
+        now = time.time()
+        speeds = self._platform.settings.gpu_speeds
+        # Faster types first: a job that accepts any type and ties prefers the faster.
+        by_speed = sorted(total, key=lambda t: (-speeds.get(t, 1.0), t))
+        lowest = 101  # the lowest priority of a running elastic job
+        for job in jobs:
+            gpus = job.gpus * job.learners
+            queued = job.status == JobStatus.QUEUED.value
+            if queued and self._waits_for_scheduler(job, now):
+                continue
+            if not queued and (
+                not job.elastic or job.status in _TRANSITIONING or _on(job, drained)
+            ):
+                for learner in Placement.from_json(job.placement or []).learners:
+                    kind = node_types.get(learner.node)
+                    if kind in capacity:
+                        capacity[kind] -= job.gpus
+                continue
+            accepted = [t for t in (job.gpu_types or by_speed) if t in total]
+            current = None if queued else _type_of(job, node_types)
+            variants = {
+                t: self._candidate(
+                    job,
+                    0 if queued else gpus,
+                    now,
+                    epochs.get(job.id),
+                    gradients.get(job.id),
+                    total[t],
+                    self._model(job.id, t),
+                )
+                for t in accepted
+            }
+            if variants:
+                pinned = job.pinned_gpu_type if job.pinned_gpu_type in total else None
+                candidates.append(TypedCandidate(variants, current, pinned))
+                lowest = min(lowest, job.priority) if not queued else lowest
+        if queued_fixed is not None and queued_fixed.priority > lowest:
+            # Room for a blocked higher-priority job, on the type it would take first.
+            kinds = [t for t in (queued_fixed.gpu_types or by_speed) if t in capacity]
+            if kinds:
+                kind = max(kinds, key=lambda t: capacity[t])
+                demand = queued_fixed.learners * queued_fixed.gpus
+                if demand > capacity[kind] - _held_on(jobs, node_types, kind):
+                    capacity[kind] -= demand
+        return autoscale_types(candidates, capacity, gpus_per_node=per_node, **options)
+
+    def _waits_for_scheduler(self, job: Job, now: float) -> bool:
+        """A queued job just submitted (``QUEUED_GRACE_INTERVALS``) or held back."""
+        interval = self._platform.settings.scheduler_interval_s
+        fresh_s = max(QUEUED_GRACE_INTERVALS * interval, 1.0)
+        return now - epoch(job.status_changed_at) < fresh_s or _held_back(job, now)
 
     # -- inputs ----------------------------------------------------------------------------
 
@@ -170,15 +281,23 @@ class AutoscalerLoop:
         epoch_now: int | None,
         grad_stats: GradientStats | None,
         cluster_gpus: int,
+        model: ThroughputModel,
     ) -> Candidate:
-        learned = self._learned.get(job.id)
         return elastic_candidate(
             job_state(job, self._spec(job), gpus, now, epoch_now),
             cluster_gpus=cluster_gpus,
             min_rescale_interval_s=self._platform.settings.min_rescale_interval_s,
-            model=learned.model if learned else prior(),
+            model=model,
             grad_stats=grad_stats,
         )
+
+    def _model(self, job_id: str, gpu_type: str | None) -> ThroughputModel:
+        measured = {
+            kind: learned.model
+            for (j, kind), learned in self._learned.items()
+            if j == job_id and learned.observations
+        }
+        return model_on_type(measured, gpu_type, self._platform.settings.gpu_speeds)
 
     def _epochs(self, session: Any, job_ids: list[str]) -> dict[str, int]:
         if not job_ids:
@@ -198,9 +317,15 @@ class AutoscalerLoop:
             self._specs[job.id] = spec
         return spec
 
-    def _learn(self, session: Any, job: Job) -> None:
-        """Turn new cumulative sample counts into step-time observations and refit."""
-        learned = self._learned.setdefault(job.id, _Learned())
+    def _learn(self, session: Any, job: Job, node_types: dict[str, str]) -> None:
+        """Turn new cumulative sample counts into step-time observations and refit (one
+        model per GPU type the job has run on)."""
+        kind = _type_of(job, node_types) or ""
+        learned = self._learned.setdefault((job.id, kind), _Learned())
+        # Reports read while it ran on another type are not this type's to learn from.
+        seen = max(v.last_metric_number for (j, _), v in self._learned.items() if j == job.id)
+        if seen > learned.last_metric_number:
+            learned.last_metric_number, learned.last_point = seen, None
         rows = session.execute(
             select(Metric.number, Metric.time, Metric.values, Metric.attempt)
             .where(
@@ -324,6 +449,7 @@ class AutoscalerLoop:
                     "batch": decision.to_batch,
                     "reason": decision.reason,
                     "expected_gain": decision.expected_gain,
+                    "gpu_type": decision.gpu_type,
                 }
                 set_job_status(session, job, JobStatus.RESCALING, decision.reason + gain)
                 changed = True
@@ -401,3 +527,47 @@ def reachable_gpus(job: Job, nodes: Sequence[Node]) -> int:
     if job.mix_gpu_types:
         return sum(by_type.values())
     return max(by_type.values(), default=0)
+
+
+def model_on_type(
+    measured: dict[str, ThroughputModel], gpu_type: str | None, speeds: dict[str, float]
+) -> ThroughputModel:
+    """A job's step-time model on ``gpu_type``, from the models fitted to what it measured on
+    each type (``measured``): its own there; else one fitted elsewhere, scaled by the types'
+    ``gpu_speeds``; else the prior, scaled. ``gpu_type`` None: whichever it measured."""
+    if gpu_type is None:
+        return next(iter(measured.values()), prior())
+    if gpu_type in measured:
+        return measured[gpu_type]
+    if measured:
+        kind, model = next(iter(measured.items()))
+        return on_faster_gpus(model, speeds.get(gpu_type, 1.0) / speeds.get(kind, 1.0))
+    return on_faster_gpus(prior(), speeds.get(gpu_type, 1.0))
+
+
+def _gpu_types(nodes: Sequence[Node]) -> list[str]:
+    """The GPU types of the schedulable nodes (CPU slots and untyped GPUs are none)."""
+    return sorted(
+        {
+            n.gpu_type
+            for n in nodes
+            if n.schedulable and n.gpus and n.gpu_type not in ("", CPU_SLOTS)
+        }
+    )
+
+
+def _type_of(job: Job, node_types: dict[str, str]) -> str | None:
+    """The GPU type a placed job runs on (its first learner's node's)."""
+    learners = Placement.from_json(job.placement or []).learners
+    return node_types.get(learners[0].node) if learners else None
+
+
+def _held_on(jobs: Sequence[Job], node_types: dict[str, str], gpu_type: str) -> int:
+    """GPUs of ``gpu_type`` that running jobs hold."""
+    return sum(
+        job.gpus
+        for job in jobs
+        if job.status != JobStatus.QUEUED.value
+        for learner in Placement.from_json(job.placement or []).learners
+        if node_types.get(learner.node) == gpu_type
+    )

@@ -552,7 +552,14 @@ def _restart_at_new_size(platform: Platform, job_id: str) -> None:
         if target.get("batch") is not None:
             job.batch_size = int(target["batch"])
         job.rescale_target = None
-        placement = place_alone(session, job, wanted, nodes, platform.settings.default_placement)
+        placement = place_alone(
+            session,
+            job,
+            wanted,
+            nodes,
+            platform.settings.default_placement,
+            gpu_type=target.get("gpu_type"),
+        )
         if placement is None:
             job.placement = None
             set_job_status(session, job, JobStatus.QUEUED, f"{reason}; waiting for resources")

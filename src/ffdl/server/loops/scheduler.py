@@ -51,6 +51,7 @@ _COLUMNS = (
     Job.gpu_type,
     Job.gpu_types,
     Job.mix_gpu_types,
+    Job.pinned_gpu_type,
     Job.placement_policy,
     Job.same_label,
     Job.expected_duration_s,

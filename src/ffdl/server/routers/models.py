@@ -47,6 +47,8 @@ class ModelPatch(BaseModel):
     # Any: a float or a string gets our own message naming the field, not pydantic's.
     priority: Any = None
     gpus: Any = None
+    # With gpus or alone: the GPU type an elastic job runs on ("any" lifts the pin).
+    gpu_type: str | None = Field(default=None, min_length=1, max_length=100)
 
 
 def _read_limited(upload: UploadFile, limit: int, field: str) -> bytes:
@@ -155,9 +157,11 @@ def patch_model(
     platform: PlatformDep, principal: PrincipalDep, model_id: str, body: ModelPatch
 ) -> dict[str, Any]:
     fields = body.model_dump(exclude_none=True)
-    if len(fields) != 1:
+    scaling = set(fields) <= {"gpus", "gpu_type"}
+    if not fields or (len(fields) != 1 and not scaling):
         raise BadRequest(
-            'send exactly one of {"status": "halt"|"resume"|"cancel"}, {"priority": N}, {"gpus": N}'
+            'send exactly one of {"status": "halt"|"resume"|"cancel"}, {"priority": N}, '
+            '{"gpus": N, "gpu_type": T} (either or both)'
         )
     if body.status is not None:
         action = body.status.lower()
@@ -176,8 +180,10 @@ def patch_model(
         priority = bounded_int(body.priority, "priority", 0, 100, code="C104")
         control.set_priority(platform, principal, model_id, priority)
     else:
-        gpus = bounded_int(body.gpus, "gpus", 1, MAX_COUNT, code="C104")
-        control.scale_job(platform, principal, model_id, gpus)
+        gpus = (
+            None if body.gpus is None else bounded_int(body.gpus, "gpus", 1, MAX_COUNT, code="C104")
+        )
+        control.scale_job(platform, principal, model_id, gpus, body.gpu_type)
     with platform.store.read() as session:
         return model_detail(session, load_job(session, principal, model_id))
 

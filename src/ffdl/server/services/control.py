@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from ffdl.core.errors import BadRequest, ConflictError
 from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import Manifest
+from ffdl.core.resources import CPU_SLOTS
 from ffdl.core.status import (
     HALTABLE_JOB_STATES,
     HOLDING_JOB_STATES,
@@ -28,6 +29,7 @@ from ffdl.core.status import (
 from ffdl.server.auth import Principal
 from ffdl.server.platform import Platform
 from ffdl.server.services import audit
+from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.services.queries import load_job
 from ffdl.server.services.restarts import reset_for_resume
 from ffdl.server.store.models import Job
@@ -118,11 +120,29 @@ def set_priority(platform: Platform, principal: Principal, job_id: str, priority
     platform.wakeups.notify("scheduler")
 
 
-def scale_job(platform: Platform, principal: Principal, job_id: str, gpus: Any) -> None:
-    """Pin an elastic job to ``gpus`` GPUs in total; the autoscaler carries it out."""
-    gpus = _int_in_range(gpus, "gpus", 1)
+# ``ffdl scale --gpu-type any`` lifts a GPU type pin.
+ANY_GPU_TYPE = "any"
+
+
+def scale_job(
+    platform: Platform,
+    principal: Principal,
+    job_id: str,
+    gpus: Any = None,
+    gpu_type: str | None = None,
+) -> None:
+    """Pin an elastic job to ``gpus`` GPUs in total and/or to GPUs of ``gpu_type`` (``any``
+    lifts the type pin); the autoscaler carries it out."""
+    if gpus is not None:
+        gpus = _int_in_range(gpus, "gpus", 1)
+    present = _gpu_types_present(platform) if gpu_type is not None else {}
     with platform.store.write() as session:
-        job = _load_for_change(session, principal, job_id, "job.scale", f"gpus={gpus}")
+        change = ", ".join(
+            part
+            for part in (f"gpus={gpus}" if gpus else "", f"gpu_type={gpu_type}" if gpu_type else "")
+            if part
+        )
+        job = _load_for_change(session, principal, job_id, "job.scale", change)
         if is_terminal(JobStatus(job.status)):
             raise ConflictError(f"cannot scale {job_id}: it is {job.status}")
         elastic = (job.manifest.get("elastic") or {}).get("gpus") if job.elastic else None
@@ -130,27 +150,73 @@ def scale_job(platform: Platform, principal: Principal, job_id: str, gpus: Any) 
             raise BadRequest(
                 f"{job_id} is not elastic: give its manifest elastic.gpus {{min, max}}",
                 code="C104",
-                detail={"field": "gpus"},
+                detail={"field": "gpus" if gpus is not None else "gpu_type"},
             )
-        low, high = int(elastic["min"]), int(elastic["max"])
-        per = max(job.gpus, 1)
-        if not low <= gpus <= high or gpus % per:
-            raise BadRequest(
-                f"gpus must be a multiple of {per} between {low} and {high}, got {gpus}",
-                code="C104",
-                detail={"field": "gpus"},
-            )
-        spec = Manifest.from_dict(job.manifest).elastic
-        bounds = spec.gpus_for_local_batches() if spec is not None else None
-        if bounds is not None and not bounds[0] <= gpus <= bounds[1]:
-            raise BadRequest(
-                f"{gpus} GPUs cannot run any batch of elastic.batch_size inside "
-                f"elastic.local_batch_size per GPU: choose {bounds[0]}..{bounds[1]}",
-                code="C104",
-                detail={"field": "gpus"},
-            )
-        job.pinned_gpus = gpus
+        if gpus is not None:
+            _check_gpu_count(job, gpus)
+        if gpu_type is not None:
+            _check_gpu_type(job, gpu_type, present, gpus)
+            job.pinned_gpu_type = None if gpu_type == ANY_GPU_TYPE else gpu_type
+        if gpus is not None:
+            job.pinned_gpus = gpus
     platform.wakeups.notify("autoscaler")
+
+
+def _check_gpu_count(job: Job, gpus: int) -> None:
+    elastic = job.manifest["elastic"]["gpus"]
+    low, high = int(elastic["min"]), int(elastic["max"])
+    per = max(job.gpus, 1)
+    if not low <= gpus <= high or gpus % per:
+        raise BadRequest(
+            f"gpus must be a multiple of {per} between {low} and {high}, got {gpus}",
+            code="C104",
+            detail={"field": "gpus"},
+        )
+    spec = Manifest.from_dict(job.manifest).elastic
+    bounds = spec.gpus_for_local_batches() if spec is not None else None
+    if bounds is not None and not bounds[0] <= gpus <= bounds[1]:
+        raise BadRequest(
+            f"{gpus} GPUs cannot run any batch of elastic.batch_size inside "
+            f"elastic.local_batch_size per GPU: choose {bounds[0]}..{bounds[1]}",
+            code="C104",
+            detail={"field": "gpus"},
+        )
+
+
+def _gpu_types_present(platform: Platform) -> dict[str, int]:
+    """GPUs of each type on the cluster's schedulable nodes (CPU slots are no type)."""
+    present: dict[str, int] = {}
+    for node in effective_nodes(platform):
+        if node.gpu_type and node.gpu_type != CPU_SLOTS and node.schedulable:
+            present[node.gpu_type] = present.get(node.gpu_type, 0) + node.gpus
+    return present
+
+
+def _check_gpu_type(job: Job, gpu_type: str, present: dict[str, int], gpus: int | None) -> None:
+    if gpu_type == ANY_GPU_TYPE:
+        return
+    accepted = list(job.gpu_types or sorted(present))
+    if gpu_type not in accepted:
+        named = ", ".join(accepted) if accepted else "none: the cluster has no GPU types"
+        raise BadRequest(
+            f"{job.id} does not accept GPU type {gpu_type!r}; the types it accepts: {named}",
+            code="C104",
+            detail={"field": "gpu_type", "accepted": accepted},
+        )
+    if gpu_type not in present:
+        have = ", ".join(sorted(present)) or "none"
+        raise BadRequest(
+            f"no schedulable node has GPU type {gpu_type!r} (the cluster has: {have})",
+            code="C104",
+            detail={"field": "gpu_type", "accepted": accepted},
+        )
+    wanted = gpus if gpus is not None else job.pinned_gpus
+    if wanted is not None and wanted > present[gpu_type]:
+        raise BadRequest(
+            f"{wanted} GPUs do not fit on the {gpu_type} nodes ({present[gpu_type]} GPUs in all)",
+            code="C104",
+            detail={"field": "gpus" if gpus is not None else "gpu_type"},
+        )
 
 
 def cancel_job(

@@ -21,8 +21,15 @@ from ffdl.server.store.models import Job
 
 
 def place_alone(
-    session: Session, job: Job, learners: int, nodes: tuple[Node, ...], default_placement: str
+    session: Session,
+    job: Job,
+    learners: int,
+    nodes: tuple[Node, ...],
+    default_placement: str,
+    gpu_type: str | None = None,
 ) -> Placement | None:
+    """Where ``job`` runs now with ``learners`` (on GPUs of ``gpu_type`` when given), or None
+    when it does not fit."""
     others = session.scalars(
         select(Job).where(Job.status.in_([s.value for s in HOLDING_JOB_STATES]), Job.id != job.id)
     ).all()
@@ -30,7 +37,7 @@ def place_alone(
         Snapshot(
             now=time.time(),
             nodes=nodes,
-            queued=(queued_job(job, learners=learners),),
+            queued=(queued_job(job, learners=learners, gpu_type=gpu_type),),
             running=tuple(running_job(other) for other in others),
             default_placement=default_placement,
         ),

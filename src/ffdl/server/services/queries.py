@@ -228,6 +228,8 @@ def model_summary(job: Job) -> dict[str, Any]:
         "user": job.user_id,
         "priority": job.priority,
         "placement": job.placement or [],
+        # What ``ffdl scale`` pinned an elastic job to (None: the autoscaler's choice).
+        "pinned": {"gpus": job.pinned_gpus, "gpu_type": job.pinned_gpu_type},
         "queue": queue,
         # ffdl's additions: how far it has come and when it should end, and how far the
         # first start time the queue showed was from its real start.

@@ -34,7 +34,11 @@ def queued_job_from_manifest(
     )
 
 
-def queued_job(row: Any, *, learners: int | None = None) -> QueuedJob:
+def queued_job(row: Any, *, learners: int | None = None, gpu_type: str | None = None) -> QueuedJob:
+    """``row`` as the scheduler queues it: on GPUs of ``gpu_type`` when given (where the
+    autoscaler moves it), else of the type ``ffdl scale`` pinned it to, else of the types
+    its manifest accepts."""
+    only = gpu_type or row.pinned_gpu_type
     return QueuedJob(
         id=row.id,
         tenant=row.tenant_id,
@@ -43,8 +47,8 @@ def queued_job(row: Any, *, learners: int | None = None) -> QueuedJob:
         learners=row.learners if learners is None else learners,
         per_learner=Resources(row.gpus, row.cpus, row.memory_mb),
         gpu_type=row.gpu_type,
-        gpu_types=tuple(row.gpu_types or ()),
-        mix_gpu_types=bool(row.mix_gpu_types),
+        gpu_types=(only,) if only else tuple(row.gpu_types or ()),
+        mix_gpu_types=bool(row.mix_gpu_types) and not only,
         placement_policy=row.placement_policy,
         same_label=row.same_label,
         expected_duration_s=row.expected_duration_s,
