@@ -449,6 +449,21 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, str]] = [
      "elastic.rebatch_in_place", "C104"),
     ("rebatch_in_place without a batch range", elastic(rebatch_in_place=True),
      "elastic.rebatch_in_place", "C104"),
+    ("a type's local batch min above max",
+     elastic(batch_size={"min": 64, "max": 512},
+             local_batch_size={"min": 8, "max": 64, "h100": {"min": 64, "max": 8}}),
+     "elastic.local_batch_size.h100.max", "C104"),
+    ("a type's local batch not a range",
+     elastic(batch_size={"min": 64, "max": 512}, local_batch_size={"h100": {"min": 8}}),
+     "elastic.local_batch_size.h100.max", "C104"),
+    ("the starting size does not fit a type's local limits",
+     elastic(batch_size={"min": 64, "max": 512},
+             local_batch_size={"min": 8, "max": 64, "a100": {"min": 1, "max": 16}}),
+     "elastic.local_batch_size.a100", "C104"),
+    ("a near miss of max beside the types",
+     elastic(batch_size={"min": 64, "max": 512},
+             local_batch_size={"min": 8, "mxa": 64, "h100": {"min": 8, "max": 64}}),
+     "elastic.local_batch_size.mxa", "C104"),
 ]  # fmt: skip
 
 
@@ -681,3 +696,36 @@ def test_accumulating_jobs_may_start_with_more_per_gpu_than_a_gpu_holds() -> Non
     assert manifest.elastic is not None and manifest.elastic.accumulate_gradients
     # One GPU can run any batch of the range by accumulating; at most 1024 / 16 GPUs.
     assert manifest.elastic.gpus_for_local_batches() == (1, 64)
+
+
+def test_local_batch_limits_may_be_given_per_gpu_type_beside_those_for_all() -> None:
+    text = manifest_text(
+        gpus=2,
+        **elastic(
+            2,
+            8,
+            batch_size={"min": 64, "max": 512},
+            local_batch_size={"min": 4, "max": 32, "h100": {"min": 8, "max": 64}},
+        ),
+    )
+    parsed = parse_manifest(text)
+    assert parsed.elastic is not None
+    spec = parsed.elastic
+    h100, a100 = spec.local_batch_for("h100"), spec.local_batch_for("a100")
+    assert h100 is not None and (h100.min, h100.max) == (8, 64)
+    assert a100 is not None and (a100.min, a100.max) == (4, 32)
+    assert spec.gpus_for_local_batches("h100") == (1, 64) and spec.gpus_for_local_batches() == (
+        2,
+        128,
+    )
+    # Stored and read back, the same limits (the stored form names the per-type ones apart).
+    assert Manifest.from_dict(parsed.to_dict()).elastic == spec
+    # Only per-type limits: a type not named has none.
+    only = parse_manifest(
+        manifest_text(
+            **elastic(
+                batch_size={"min": 64, "max": 512}, local_batch_size={"h100": {"min": 8, "max": 64}}
+            )
+        )
+    )
+    assert only.elastic is not None and only.elastic.local_batch_for("a100") is None

@@ -87,3 +87,16 @@ def test_a_schedule_pins_the_size_for_the_epoch_reached() -> None:
     made = candidate(state(elastic=spec(schedule=steps), epoch=4))
     assert made.pinned_gpus == 6
     assert candidate(state(elastic=spec(schedule=steps), epoch=4, pinned_gpus=1)).pinned_gpus == 1
+
+
+def test_a_candidate_on_a_gpu_type_takes_that_types_batch_limits() -> None:
+    limits = {"min": 4, "max": 8, "h100": {"min": 8, "max": 32}}
+    job = state(elastic=spec(local_batch_size=limits))
+    on_h100 = elastic_candidate(
+        job, cluster_gpus=64, min_rescale_interval_s=120.0, model=prior(), gpu_type="h100"
+    )
+    on_a100 = elastic_candidate(
+        job, cluster_gpus=64, min_rescale_interval_s=120.0, model=prior(), gpu_type="a100"
+    )
+    assert on_h100.job.local_batch_range == (8, 32)
+    assert on_a100.job.local_batch_range == (4, 8) == candidate(job).job.local_batch_range

@@ -140,3 +140,67 @@ def test_scale_to_a_type_the_job_refuses_names_those_it_accepts(cluster: LiveSer
     assert not_elastic.status_code == 400, not_elastic.text
     assert "is not elastic" in not_elastic.json()["description"]
     _cancel(cluster, job_id, fixed)
+
+
+# Prints how it was told to run its batch, then holds until told to stop.
+TOLD = (
+    "python -c 'import os, time; from ffdl.sdk.api import should_stop\n"
+    'print("told", os.environ["FFDL_MICRO_BATCH_SIZE"], os.environ["FFDL_ACCUMULATION_STEPS"],'
+    " flush=True)\n"
+    "for _ in range(600):\n    time.sleep(0.1)\n    if should_stop(): break'"
+)
+BY_TYPE = {"min": 1, "max": 16, "h100": {"min": 1, "max": 64}}
+
+
+def _told(live: LiveServer, job_id: str) -> str:
+    def line() -> str | None:
+        found = [item["line"] for item in live.loglines(job_id) if item["line"].startswith("told")]
+        return found[0] if found else None
+
+    text: str = wait_for(line, timeout=60, interval=0.1, what=f"{job_id}'s batch layout")
+    return text
+
+
+def test_each_gpu_type_runs_a_job_within_its_own_per_gpu_batch_limits(
+    cluster: LiveServer,
+) -> None:
+    elastic = {
+        "gpus": {"min": 1, "max": 1},
+        "batch_size": {"min": 64, "max": 64},
+        "local_batch_size": BY_TYPE,
+        "accumulate_gradients": True,
+    }
+    # Both accept both types, each with its own first choice.
+    on_h100 = cluster.submit_ok(manifest_yaml(TOLD, elastic=elastic, gpu_types=["h100", "a100"]))
+    on_a100 = cluster.submit_ok(manifest_yaml(TOLD, elastic=elastic, gpu_types=["a100", "h100"]))
+    # 64 samples on one GPU: in one go on an H100 (up to 64), in 4 x 16 on an A100.
+    assert _told(cluster, on_h100) == "told 64 1"
+    assert _told(cluster, on_a100) == "told 16 4"
+    _cancel(cluster, on_h100, on_a100)
+
+
+def test_per_gpu_batch_limits_for_a_type_the_job_cannot_run_on_are_refused(
+    cluster: LiveServer,
+) -> None:
+    before = cluster.client.get("/v1/models").json()["total"]
+    elastic = {
+        "gpus": {"min": 1, "max": 2},
+        "batch_size": {"min": 64, "max": 128},
+        "accumulate_gradients": True,
+    }
+    unknown = {**elastic, "local_batch_size": {**BY_TYPE, "v100": {"min": 1, "max": 8}}}
+    refused = cluster.submit(manifest_yaml("true", elastic=unknown))
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["description"] == (
+        "invalid manifest: elastic.local_batch_size.v100: no node has GPU type v100 "
+        "(the types it can run on: a100, h100)"
+    )
+    refused = cluster.submit(
+        manifest_yaml("true", elastic={**elastic, "local_batch_size": BY_TYPE}, gpu_types=["a100"])
+    )
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["description"] == (
+        "invalid manifest: elastic.local_batch_size.h100: the job does not accept GPU type h100 "
+        "(the types it can run on: a100)"
+    )
+    assert cluster.client.get("/v1/models").json()["total"] == before

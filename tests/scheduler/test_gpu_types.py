@@ -117,3 +117,16 @@ def test_preemption_frees_room_of_one_type() -> None:
     mixing = job(2, 2, mix=True, job_id="hi", priority=90)
     decisions = schedule(Snapshot(NOW, nodes, (mixing,), busy))
     assert [p.job_id for p in decisions.preemptions] == ["on-a100"]
+
+
+def test_a_placement_records_the_gpu_type_of_each_learner() -> None:
+    snapshot = Snapshot(NOW, MIXED, (job(2, 2, "a100", job_id="gang"),), ())
+    [start] = schedule(snapshot).starts
+    assert [lp.gpu_type for lp in start.placement.learners] == ["a100", "a100"]
+    assert start.placement.gpu_type == "a100"
+    stored = start.placement.to_json()
+    assert all(item["gpu_type"] == "a100" for item in stored)
+    assert Placement.from_json(stored).gpu_type == "a100"
+    # Placements stored before types were recorded read back as of no known type.
+    older = [{"learner": 1, "node": "a1", "gpu_ids": [0]}]
+    assert Placement.from_json(older).gpu_type is None

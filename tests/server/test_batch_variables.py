@@ -77,3 +77,20 @@ def test_report_answers_tell_a_job_that_rebatches_in_place_what_it_would_start_w
     # Any other job's answers carry no batch.
     assert in_place_batch(manifest(**LIMITED).to_dict(), 2, 128) is None
     assert in_place_batch(manifest().to_dict(), 2, 128) is None
+
+
+def test_each_gpu_type_runs_the_batch_within_its_own_limits() -> None:
+    by_type = {**LIMITED, "local_batch_size": {"min": 1, "max": 8, "h100": {"min": 1, "max": 32}}}
+    job = manifest(**by_type)
+    assert batch_variables(job, 2, 64, "h100")["FFDL_ACCUMULATION_STEPS"] == "1"
+    assert batch_variables(job, 2, 64, "a100")["FFDL_ACCUMULATION_STEPS"] == "4"
+    assert batch_variables(job, 2, 64)["FFDL_MICRO_BATCH_SIZE"] == "8"
+    # A running job's report answers take the type from its placement.
+    stored = manifest(**by_type, rebatch_in_place=True).to_dict()
+    on_h100 = [{"learner": 1, "node": "h-1", "gpu_ids": [0], "gpu_type": "h100"}]
+    assert in_place_batch(stored, 2, 64, on_h100) == {
+        "batch_size": 64,
+        "micro_batch_size": 32,
+        "accumulation_steps": 1,
+    }
+    assert (in_place_batch(stored, 2, 64) or {}).get("accumulation_steps") == 4

@@ -306,6 +306,13 @@ class IntRange(_Section):
         return self.min <= value <= self.max
 
 
+class LocalBatchRange(IntRange):
+    """Per-GPU batch limits: ``min`` and ``max`` for every GPU type, and beside them, under
+    a GPU type's name, a ``{min, max}`` of that type's own (``ElasticSpec``)."""
+
+    other_keys_are: ClassVar[type[BaseModel]] = IntRange
+
+
 class ScheduleStep(_Section):
     at_epoch: Annotated[int, integer_field(minimum=0)]
     gpus: Annotated[int, integer_field(minimum=1)]
@@ -321,43 +328,72 @@ class ElasticSpec(_Section):
 
     gpus: IntRange
     batch_size: IntRange | None = None
-    local_batch_size: IntRange | None = None
+    local_batch_size: LocalBatchRange | None = None
+    # Per-GPU limits on particular GPU types, written inside ``local_batch_size`` beside (or
+    # instead of) its min and max: ``{min: 4, max: 16, h100: {min: 8, max: 48}}``.
+    local_batch_size_by_type: dict[str, IntRange] = Field(default_factory=dict)
     accumulate_gradients: Annotated[bool, boolean_field()] = False
     rebatch_in_place: Annotated[bool, boolean_field()] = False
     schedule: Annotated[list[ScheduleStep], BeforeValidator(list_or_empty)] = Field(
         default_factory=list
     )
 
-    def gpus_for_local_batches(self) -> tuple[int, int] | None:
+    def local_batch_for(self, gpu_type: str | None) -> IntRange | None:
+        """The per-GPU batch limits on GPUs of ``gpu_type``: its own, else those for all."""
+        if gpu_type and gpu_type in self.local_batch_size_by_type:
+            return self.local_batch_size_by_type[gpu_type]
+        return self.local_batch_size
+
+    def gpus_for_local_batches(self, gpu_type: str | None = None) -> tuple[int, int] | None:
         """The GPU counts (fewest, most) on which some batch of ``batch_size`` gives each
-        GPU a share inside ``local_batch_size`` (above its maximum too, for a job that
-        accumulates gradients); None without both."""
-        local, batches = self.local_batch_size, self.batch_size
+        GPU (of ``gpu_type``) a share inside its per-GPU limits (above their maximum too,
+        for a job that accumulates gradients); None without both."""
+        local, batches = self.local_batch_for(gpu_type), self.batch_size
         if local is None or batches is None:
             return None
         fewest = 1 if self.accumulate_gradients else -(-batches.min // local.max)
         return fewest, batches.max // local.min
 
+    @model_validator(mode="before")
+    @classmethod
+    def _split_local_batches_by_type(cls, data: Any) -> Any:
+        """``local_batch_size``'s keys other than min and max name GPU types."""
+        if not isinstance(data, dict):
+            return data
+        local = data.get("local_batch_size")
+        if isinstance(local, IntRange) and not isinstance(local, LocalBatchRange):
+            return {**data, "local_batch_size": local.model_dump()}
+        if not isinstance(local, dict) or set(local) <= {"min", "max"}:
+            return data
+        by_type = {k: v for k, v in local.items() if k not in ("min", "max")}
+        common = {k: v for k, v in local.items() if k in ("min", "max")}
+        return {
+            **data,
+            "local_batch_size": common or None,
+            "local_batch_size_by_type": {**data.get("local_batch_size_by_type", {}), **by_type},
+        }
+
     @model_validator(mode="after")
     def _local_batches_reachable(self) -> ElasticSpec:
-        local = self.local_batch_size
-        if local is None:
-            return self
-        if self.batch_size is None:
-            raise invalid(
-                "needs elastic.batch_size: per-GPU limits bound a global batch", "local_batch_size"
-            )
-        batches = self.batch_size
-        fewest, most = self.gpus_for_local_batches() or (1, 0)
-        if max(self.gpus.min, fewest) > min(self.gpus.max, most):
-            reason = (
-                f"no GPU count in elastic.gpus ({self.gpus.min}..{self.gpus.max}) can run a "
-                f"batch of elastic.batch_size ({batches.min}..{batches.max}) at "
-                f"{local.min}..{local.max} per GPU"
-            )
-            if not self.accumulate_gradients and most >= self.gpus.min:
-                reason += ACCUMULATION_HINT
-            raise invalid(reason, "local_batch_size")
+        kinds: list[str | None] = [None] if self.local_batch_size else []
+        for kind in [*kinds, *self.local_batch_size_by_type]:
+            at = ("local_batch_size",) if kind is None else ("local_batch_size", kind)
+            local = self.local_batch_for(kind)
+            assert local is not None
+            if self.batch_size is None:
+                raise invalid("needs elastic.batch_size: per-GPU limits bound a global batch", *at)
+            batches = self.batch_size
+            fewest, most = self.gpus_for_local_batches(kind) or (1, 0)
+            if max(self.gpus.min, fewest) > min(self.gpus.max, most):
+                on = "" if kind is None else f" on {kind} GPUs"
+                reason = (
+                    f"no GPU count in elastic.gpus ({self.gpus.min}..{self.gpus.max}) can run a "
+                    f"batch of elastic.batch_size ({batches.min}..{batches.max}) at "
+                    f"{local.min}..{local.max} per GPU{on}"
+                )
+                if not self.accumulate_gradients and most >= self.gpus.min:
+                    reason += ACCUMULATION_HINT
+                raise invalid(reason, *at)
         return self
 
     @model_validator(mode="after")
@@ -436,19 +472,25 @@ class Manifest(_Section):
             if not allowed.contains(total_gpus):
                 reason = f"must contain the job's starting GPUs (gpus * learners = {total_gpus})"
                 raise invalid(f"{reason}, got {allowed.min}..{allowed.max}", "elastic", "gpus")
-            local, batches = self.elastic.local_batch_size, self.elastic.batch_size
-            if local is not None and batches is not None and total_gpus:
+            elastic = self.elastic
+            kinds: list[str | None] = [None, *elastic.local_batch_size_by_type]
+            for kind in kinds:
+                local, batches = elastic.local_batch_for(kind), elastic.batch_size
+                if local is None or batches is None or not total_gpus:
+                    continue
                 per_gpu = batches.min / total_gpus
-                accumulates = self.elastic.accumulate_gradients
+                accumulates = elastic.accumulate_gradients
                 if not local.min <= per_gpu <= (math.inf if accumulates else local.max):
+                    on = "" if kind is None else f" {kind}"
                     reason = (
-                        f"the job starts on {total_gpus} GPU(s) at batch {batches.min} "
+                        f"the job starts on {total_gpus}{on} GPU(s) at batch {batches.min} "
                         f"(elastic.batch_size.min), {per_gpu:g} per GPU, outside "
                         f"{local.min}..{local.max}"
                     )
                     if per_gpu > local.max:
                         reason += ACCUMULATION_HINT
-                    raise invalid(reason, "elastic", "local_batch_size")
+                    at = ("elastic", "local_batch_size") + (() if kind is None else (kind,))
+                    raise invalid(reason, *at)
         return self
 
     @property

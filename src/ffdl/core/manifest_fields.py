@@ -296,8 +296,14 @@ def safe_container(name: str) -> str:
     return str(PurePosixPath(name))
 
 
+# Fields that the manifest writes inside another: errors name them where they were written.
+_WRITTEN_IN = {"local_batch_size_by_type": "local_batch_size"}
+
+
 def as_manifest_error(detail: ErrorDetails) -> ManifestError:
-    location: list[str | int] = list(detail["loc"])
+    location: list[str | int] = [
+        _WRITTEN_IN.get(part, part) if isinstance(part, str) else part for part in detail["loc"]
+    ]
     context = detail.get("ctx") or {}
     if detail["type"] == FIELD_ERROR:
         reason = str(context["reason"])

@@ -135,6 +135,12 @@ def _walk(
             yield _path(where, str(key)), str(key), None
             continue
         if key not in section.keys:
+            # A section whose other keys are names of the user's own, each a section itself
+            # (``elastic.local_batch_size``: per-GPU limits by GPU type).
+            named = getattr(model, "other_keys_are", None)
+            if named is not None and isinstance(value, Mapping):
+                yield from _walk(value, named, _path(where, key))
+                continue
             yield _path(where, key), key, near_miss(key, section.keys)
             continue
         child = section.children.get(key)

@@ -64,11 +64,13 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class LearnerPlacement:
-    """Where one learner runs: its node and the GPU ids it holds there."""
+    """Where one learner runs: its node, the GPU ids it holds there and their type."""
 
     learner: int  # 1-based, as LEARNER_ID
     node: str
     gpu_ids: tuple[int, ...] = ()
+    # The node's GPU type when it was placed ("" where not known); not part of identity.
+    gpu_type: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +83,16 @@ class Placement:
     def nodes(self) -> tuple[str, ...]:
         return tuple(sorted({lp.node for lp in self.learners}))
 
+    @property
+    def gpu_type(self) -> str | None:
+        """The GPU type its first learner runs on (a gang's are one type unless it mixes
+        them); None when not known."""
+        return (self.learners[0].gpu_type or None) if self.learners else None
+
     def to_json(self) -> list[dict[str, object]]:
         return [
             {"learner": lp.learner, "node": lp.node, "gpu_ids": list(lp.gpu_ids)}
+            | ({"gpu_type": lp.gpu_type} if lp.gpu_type else {})
             for lp in self.learners
         ]
 
@@ -98,6 +107,7 @@ class Placement:
                     learner=int(str(item["learner"])),
                     node=str(item["node"]),
                     gpu_ids=tuple(int(g) for g in gpu_ids),
+                    gpu_type=str(item.get("gpu_type") or ""),
                 )
             )
         return Placement(tuple(out))

@@ -52,13 +52,15 @@ def running_batch(elastic: ElasticSpec | None, chosen: int | None) -> int | None
     return chosen
 
 
-def job_layout(elastic: ElasticSpec | None, batch: int, gpus: int) -> BatchLayout | None:
-    """``batch`` on ``gpus`` GPUs as a job with per-GPU batch limits runs it; None for a
-    job without limits."""
-    if elastic is None or elastic.local_batch_size is None or gpus < 1:
+def job_layout(
+    elastic: ElasticSpec | None, batch: int, gpus: int, gpu_type: str | None = None
+) -> BatchLayout | None:
+    """``batch`` on ``gpus`` GPUs (of ``gpu_type``) as a job with per-GPU batch limits runs
+    it; None for a job without limits there."""
+    local = elastic.local_batch_for(gpu_type) if elastic is not None else None
+    if elastic is None or local is None or gpus < 1:
         return None
-    local_max = elastic.local_batch_size.max
-    return layout(batch, gpus, local_max, accumulate=elastic.accumulate_gradients)
+    return layout(batch, gpus, local.max, accumulate=elastic.accumulate_gradients)
 
 
 def accumulation_steps(

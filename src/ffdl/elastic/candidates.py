@@ -60,8 +60,10 @@ def elastic_candidate(
     model: ThroughputModel,
     grad_stats: GradientStats | None = None,
     goodput: GoodputModel | None = None,
+    gpu_type: str | None = None,
 ) -> Candidate:
-    """``state`` as a candidate for ``autoscale`` on a cluster of ``cluster_gpus``."""
+    """``state`` as a candidate for ``autoscale`` on a cluster of ``cluster_gpus`` (GPUs of
+    ``gpu_type``, whose per-GPU batch limits it takes)."""
     elastic = state.elastic
     per = max(state.gpus_per_learner, 1)
     low = max(elastic.gpus.min, per)
@@ -77,6 +79,7 @@ def elastic_candidate(
             [{"at_epoch": s.at_epoch, "gpus": s.gpus} for s in elastic.schedule], state.epoch
         )
     gpus = state.current_gpus
+    local = elastic.local_batch_for(gpu_type)
     recent = state.since_change_s < min_rescale_interval_s
     hold = bool(gpus) and recent and (pinned is None or pinned == gpus)
     return Candidate(
@@ -88,9 +91,7 @@ def elastic_candidate(
             base_batch=base_batch,
             gpus_per_learner=per,
             local_batch_range=(
-                None
-                if elastic.local_batch_size is None or batch_range is None
-                else (elastic.local_batch_size.min, elastic.local_batch_size.max)
+                None if local is None or batch_range is None else (local.min, local.max)
             ),
             accumulate=elastic.accumulate_gradients,
             rebatch_in_place=elastic.rebatch_in_place,

@@ -134,8 +134,9 @@ def assign(state: FreeState, job: QueuedJob, choice: Choice) -> Placement:
     """Allocate the chosen nodes on ``state`` and name each learner's GPU ids."""
     learners: list[LearnerPlacement] = []
     for name, count in choice:
+        kind = state.free[name].node.gpu_type
         for gpu_ids in state.allocate(name, job.per_learner, count):
-            learners.append(LearnerPlacement(len(learners) + 1, name, gpu_ids))
+            learners.append(LearnerPlacement(len(learners) + 1, name, gpu_ids, kind))
     return Placement(tuple(learners))
 
 

@@ -160,6 +160,7 @@ class AutoscalerLoop:
         held = 0
         now = time.time()
         node_types = {n.name: n.gpu_type for n in nodes}
+        only = _gpu_types(nodes)
         for job in jobs:
             gpus = job.gpus * job.learners
             if job.status == JobStatus.QUEUED.value:
@@ -167,9 +168,10 @@ class AutoscalerLoop:
                     continue
                 reach = reachable_gpus(job, nodes)
                 model = self._model(job.id, None)
+                kind = only[0] if len(only) == 1 else None
                 candidates.append(
                     self._candidate(
-                        job, 0, now, epochs.get(job.id), gradients.get(job.id), reach, model
+                        job, 0, now, epochs.get(job.id), gradients.get(job.id), reach, model, kind
                     )
                 )
                 continue
@@ -179,10 +181,11 @@ class AutoscalerLoop:
                 continue
             running_elastic_priorities.append(job.priority)
             reach = reachable_gpus(job, nodes)
-            model = self._model(job.id, _type_of(job, node_types))
+            kind = _type_of(job, node_types)
+            model = self._model(job.id, kind)
             candidates.append(
                 self._candidate(
-                    job, gpus, now, epochs.get(job.id), gradients.get(job.id), reach, model
+                    job, gpus, now, epochs.get(job.id), gradients.get(job.id), reach, model, kind
                 )
             )
         if queued_fixed is not None and running_elastic_priorities:
@@ -248,6 +251,7 @@ class AutoscalerLoop:
                     gradients.get(job.id),
                     total[t],
                     self._model(job.id, t),
+                    gpu_type=t,
                 )
                 for t in accepted
             }
@@ -282,6 +286,7 @@ class AutoscalerLoop:
         grad_stats: GradientStats | None,
         cluster_gpus: int,
         model: ThroughputModel,
+        gpu_type: str | None = None,
     ) -> Candidate:
         return elastic_candidate(
             job_state(job, self._spec(job), gpus, now, epoch_now),
@@ -289,6 +294,7 @@ class AutoscalerLoop:
             min_rescale_interval_s=self._platform.settings.min_rescale_interval_s,
             model=model,
             grad_stats=grad_stats,
+            gpu_type=gpu_type,
         )
 
     def _model(self, job_id: str, gpu_type: str | None) -> ThroughputModel:
@@ -342,7 +348,7 @@ class AutoscalerLoop:
         batch = running_batch(elastic, job.batch_size)
         gpus = job.gpus * job.learners
         nodes = len(Placement.from_json(job.placement or []).nodes) or 1
-        planned = job_layout(elastic, batch, gpus) if batch is not None else None
+        planned = job_layout(elastic, batch, gpus, kind or None) if batch is not None else None
         steps = planned.steps if planned is not None else 1
         added = False
         for row in rows:
@@ -557,9 +563,11 @@ def _gpu_types(nodes: Sequence[Node]) -> list[str]:
 
 
 def _type_of(job: Job, node_types: dict[str, str]) -> str | None:
-    """The GPU type a placed job runs on (its first learner's node's)."""
-    learners = Placement.from_json(job.placement or []).learners
-    return node_types.get(learners[0].node) if learners else None
+    """The GPU type a placed job runs on (its first learner's)."""
+    placement = Placement.from_json(job.placement or [])
+    if not placement.learners:
+        return None
+    return placement.gpu_type or node_types.get(placement.learners[0].node)
 
 
 def _held_on(jobs: Sequence[Job], node_types: dict[str, str], gpu_type: str) -> int:

@@ -341,7 +341,14 @@ def build_spec(
                 "LOCAL_RANK": str(sorted(same_node).index(learner)),
             }
         )
-    env.update(batch_variables(manifest, manifest.gpus * num_learners, batch_size))
+    env.update(
+        batch_variables(
+            manifest,
+            manifest.gpus * num_learners,
+            batch_size,
+            me.gpu_type or (node.gpu_type if node is not None else None),
+        )
+    )
     data: list[DataMount] = []
     volume: str | None = None
     store = manifest.data_store()

@@ -153,7 +153,8 @@ def scale_job(
                 detail={"field": "gpus" if gpus is not None else "gpu_type"},
             )
         if gpus is not None:
-            _check_gpu_count(job, gpus)
+            named = gpu_type if gpu_type != ANY_GPU_TYPE else None
+            _check_gpu_count(job, gpus, named or job.pinned_gpu_type)
         if gpu_type is not None:
             _check_gpu_type(job, gpu_type, present, gpus)
             job.pinned_gpu_type = None if gpu_type == ANY_GPU_TYPE else gpu_type
@@ -162,7 +163,7 @@ def scale_job(
     platform.wakeups.notify("autoscaler")
 
 
-def _check_gpu_count(job: Job, gpus: int) -> None:
+def _check_gpu_count(job: Job, gpus: int, gpu_type: str | None) -> None:
     elastic = job.manifest["elastic"]["gpus"]
     low, high = int(elastic["min"]), int(elastic["max"])
     per = max(job.gpus, 1)
@@ -173,11 +174,12 @@ def _check_gpu_count(job: Job, gpus: int) -> None:
             detail={"field": "gpus"},
         )
     spec = Manifest.from_dict(job.manifest).elastic
-    bounds = spec.gpus_for_local_batches() if spec is not None else None
+    bounds = spec.gpus_for_local_batches(gpu_type) if spec is not None else None
     if bounds is not None and not bounds[0] <= gpus <= bounds[1]:
+        on = f" on {gpu_type} GPUs" if gpu_type else ""
         raise BadRequest(
             f"{gpus} GPUs cannot run any batch of elastic.batch_size inside "
-            f"elastic.local_batch_size per GPU: choose {bounds[0]}..{bounds[1]}",
+            f"elastic.local_batch_size per GPU{on}: choose {bounds[0]}..{bounds[1]}",
             code="C104",
             detail={"field": "gpus"},
         )

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from ffdl.core.jobdirs import JobDirs
 from ffdl.core.manifest import ElasticSpec, Manifest
+from ffdl.core.resources import Placement
 from ffdl.elastic.accumulation import job_layout, running_batch
 from ffdl.learner.runtime import PLATFORM, PYTHON, RuntimeSpec
 from ffdl.learner.sandbox import NETWORK_HOST, SYSTEM_PATHS, SandboxSpec
@@ -89,7 +90,9 @@ def ffdl_variables(
     }
 
 
-def batch_variables(manifest: Manifest, gpus: int, batch_size: int | None) -> dict[str, str]:
+def batch_variables(
+    manifest: Manifest, gpus: int, batch_size: int | None, gpu_type: str | None = None
+) -> dict[str, str]:
     """The global batch a learner runs (``FFDL_BATCH_SIZE``) and, for an elastic job with
     per-GPU limits, how each GPU runs its share: ``FFDL_MICRO_BATCH_SIZE`` samples per
     forward/backward, ``FFDL_ACCUMULATION_STEPS`` of them per optimizer step.
@@ -97,7 +100,7 @@ def batch_variables(manifest: Manifest, gpus: int, batch_size: int | None) -> di
     An elastic job with a batch range starts at its minimum, the batch the optimizer values
     it against, until the autoscaler chooses another.
     """
-    told = _batch_told(manifest.elastic, gpus, batch_size)
+    told = _batch_told(manifest.elastic, gpus, batch_size, gpu_type)
     if told is None:
         return {}
     variables = {"FFDL_BATCH_SIZE": str(told["batch_size"])}
@@ -108,7 +111,10 @@ def batch_variables(manifest: Manifest, gpus: int, batch_size: int | None) -> di
 
 
 def in_place_batch(
-    manifest: dict[str, Any], gpus: int, batch_size: int | None
+    manifest: dict[str, Any],
+    gpus: int,
+    batch_size: int | None,
+    placement: list[dict[str, Any]] | None = None,
 ) -> dict[str, int | None] | None:
     """The batch the running learners of a job that takes a new batch while it runs
     (``elastic.rebatch_in_place``) should use now, as report answers carry it: the same
@@ -116,16 +122,17 @@ def in_place_batch(
     raw = manifest.get("elastic")
     if not isinstance(raw, dict) or raw.get("rebatch_in_place") is not True:
         return None
-    return _batch_told(ElasticSpec.model_validate(raw), gpus, batch_size)
+    gpu_type = Placement.from_json(placement or []).gpu_type
+    return _batch_told(ElasticSpec.model_validate(raw), gpus, batch_size, gpu_type)
 
 
 def _batch_told(
-    elastic: ElasticSpec | None, gpus: int, batch_size: int | None
+    elastic: ElasticSpec | None, gpus: int, batch_size: int | None, gpu_type: str | None
 ) -> dict[str, int | None] | None:
     batch = running_batch(elastic, batch_size)
     if batch is None:
         return None
-    planned = job_layout(elastic, batch, gpus)
+    planned = job_layout(elastic, batch, gpus, gpu_type)
     return {
         "batch_size": batch,
         "micro_batch_size": planned.micro_batch if planned is not None else None,

@@ -250,7 +250,7 @@ def _store_batch(
         or job.status in (JobStatus.HALTING.value, JobStatus.RESCALING.value),
         cancel=job.desired == "cancel" or (terminal and not _learner_done(learner)),
         dropped=dropped,
-        batch=in_place_batch(job.manifest, job.gpus * job.learners, job.batch_size),
+        batch=in_place_batch(job.manifest, job.gpus * job.learners, job.batch_size, job.placement),
     )
     return _Stored(ack, status_changed)
 

@@ -128,6 +128,7 @@ def submit_job(
     if platform.backend.problem() is None:
         nodes = backend_nodes(platform)
         check_gpu_types(manifest, nodes)
+        check_local_batch_types(manifest, nodes)
         reason = never_fits(
             queued_job_from_manifest(job_id, principal.tenant_id, manifest, 0.0), nodes
         )
@@ -175,6 +176,26 @@ def check_gpu_types(manifest: Manifest, nodes: Sequence[Node]) -> None:
     raise ManifestError(
         "gpu_types", f"no node has GPU type {', '.join(unknown)} ({has})", code=RESOURCE_SPEC_CODE
     )
+
+
+def check_local_batch_types(manifest: Manifest, nodes: Sequence[Node]) -> None:
+    """Refuse per-GPU batch limits for a GPU type no node has (a typo would silently leave
+    the type it meant without limits), or for one the job does not accept, naming those
+    there are."""
+    elastic = manifest.elastic
+    if elastic is None or not elastic.local_batch_size_by_type or not nodes:
+        return
+    present = sorted({node.gpu_type for node in nodes if node.gpu_type})
+    usable = [kind for kind in present if not manifest.gpu_types or kind in manifest.gpu_types]
+    for kind in elastic.local_batch_size_by_type:
+        if kind not in usable:
+            what = "no node has" if kind not in present else "the job does not accept"
+            has = ", ".join(usable) or "none"
+            raise ManifestError(
+                f"elastic.local_batch_size.{kind}",
+                f"{what} GPU type {kind} (the types it can run on: {has})",
+                code=RESOURCE_SPEC_CODE,
+            )
 
 
 def _warnings(manifest: Manifest) -> list[str]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ffdl.core.manifest import ElasticSpec, IntRange
+from ffdl.core.manifest import ElasticSpec, IntRange, LocalBatchRange
 from ffdl.elastic.autoscale import autoscale
 from ffdl.elastic.candidates import JobState, elastic_candidate
 from ffdl.elastic.optimizer import Objective
@@ -66,7 +66,7 @@ def elastic_spec(
     return ElasticSpec(
         gpus=IntRange(min=1, max=MAX_REPLICAS),
         batch_size=IntRange(min=app.init_batch_size, max=app.max_batch_size),
-        local_batch_size=IntRange(min=app.min_local_bsz, max=app.max_local_bsz),
+        local_batch_size=LocalBatchRange(min=app.min_local_bsz, max=app.max_local_bsz),
         accumulate_gradients=accumulate,
         rebatch_in_place=rebatch_in_place,
     )
