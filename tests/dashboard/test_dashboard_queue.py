@@ -106,6 +106,13 @@ def test_queue_positions_etas_past_estimates_and_a_tenant_admins_view(
     assert "waiting" in rows[0][2] and "theirs" in rows[1][2]
     assert rows[0][4] and rows[1][4] and api[waiting]["eta"] and api[theirs]["eta"]
     assert text_of(browser, f'#jobs tbody tr[data-id="{waiting}"]').count("#1 ETA") == 1
+    # Each tenant's GPUs against those it is entitled to, as the API has them: the default
+    # tenant holds all 4, team-b none, each entitled to half.
+    shares = {row["tenant"]: row for row in server.client.get("/v1/queue").json()["tenants"]}
+    assert (shares["default"]["gpus"], shares[TEAM_B]["gpus"]) == (4, 0)
+    default_row = text_of(browser, '#tenant-shares tbody tr[data-tenant="default"]')
+    assert default_row.split()[:4] == ["default", "4", "2", "2.00×"]
+    assert text_of(browser, f'#tenant-shares tbody tr[data-tenant="{TEAM_B}"]').split()[1] == "0"
 
     # The cluster over time: the holder's 4 GPUs allocated, the queue two long.
     def cluster_seen() -> dict[str, Any] | None:
@@ -137,6 +144,12 @@ def test_queue_positions_etas_past_estimates_and_a_tenant_admins_view(
     wait_for(lambda: row_status(browser, theirs) is not None, timeout=30, what="their job")
     assert job_ids(browser) == {theirs}
     wait_for(lambda: [r[0] for r in queue_rows(browser)] == [theirs], timeout=30, what="queue")
+    wait_for(
+        lambda: text_of(browser, f'#tenant-shares tbody tr[data-tenant="{TEAM_B}"]'),
+        timeout=30,
+        what="the tenant's own share",
+    )
+    assert text_of(browser, '#tenant-shares tbody tr[data-tenant="default"]') == ""
 
     Path(server.model(waiting)["results"]["location"], "go").write_text("go")
     server.wait_status(theirs, {"PROCESSING", "COMPLETED"}, timeout=60)

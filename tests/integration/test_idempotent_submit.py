@@ -224,6 +224,7 @@ LATER_COLUMNS = {
         "gpu_types",  # revision 0007
         "mix_gpu_types",
         "pinned_gpu_type",  # revision 0008
+        "rho",
     ),
     "learners": ("gpu_util", "gpu_memory_mb", "gpu_power_w", "gpu_stats", "gpu_sampled_at"),
 }

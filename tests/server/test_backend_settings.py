@@ -100,6 +100,7 @@ def test_ray_timings_must_be_positive(tmp_path: Path, field: str) -> None:
         ("restart_cost_s", -1),
         ("restart_penalty", -0.1),
         ("admit_after_s", -5),
+        ("tenant_fairness", "fair"),
     ],
 )
 def test_elastic_policy_settings_out_of_range_are_refused_by_name(
@@ -119,6 +120,7 @@ def test_a_gpu_speed_must_be_a_finite_positive_number(tmp_path: Path, speed: flo
 def test_the_elastic_policy_defaults(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
     assert settings.elastic_objective == "proportional"
+    assert settings.tenant_fairness == "none" and settings.gpu_speeds == {}
     assert (settings.restart_cost_s, settings.admit_after_s) == (30.0, 60.0)
     assert Settings(home=tmp_path, restart_cost_s=None).restart_cost_s is None
 

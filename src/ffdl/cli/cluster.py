@@ -15,6 +15,7 @@ from ffdl.cli.cluster_render import (
     nodes_table,
     queue_table,
     replicas_table,
+    tenants_table,
 )
 from ffdl.cli.context import client_of
 
@@ -81,8 +82,10 @@ def queue_command(ctx: typer.Context) -> None:
     entries = body.get("queue") or []
     if not entries:
         console.print("The queue is empty.")
-        return
-    console.print(queue_table(entries, console.width))
+    else:
+        console.print(queue_table(entries, console.width))
+    if body.get("tenants"):
+        console.print(tenants_table(body["tenants"]))
 
 
 def status_command(ctx: typer.Context) -> None:

@@ -101,6 +101,8 @@ def queue_table(entries: list[dict[str, Any]], width: int) -> Table:
     table.add_column("prio", justify="right", no_wrap=True)
     table.add_column(f"L{TIMES}G", justify="right", no_wrap=True)
     table.add_column("ETA", no_wrap=True)
+    if width >= WIDE:
+        table.add_column("rho", justify="right", no_wrap=True)
     table.add_column("waiting for", ratio=1)
     for entry in entries:
         cells = [str(entry.get("position") or "-"), str(entry["model_id"])]
@@ -110,10 +112,36 @@ def queue_table(entries: list[dict[str, Any]], width: int) -> Table:
             str(entry.get("priority", "")),
             f"{entry.get('learners')}{TIMES}{entry.get('gpus')}",
             str(entry.get("eta") or "unknown"),
-            str(entry.get("reason", "")),
         ]
+        if width >= WIDE:
+            cells.append(rho_text(entry.get("rho")))
+        cells.append(str(entry.get("reason", "")))
         table.add_row(*cells)
     return table
+
+
+def tenants_table(rows: list[dict[str, Any]]) -> Table:
+    """Each tenant's GPUs against those it is entitled to (``GET /v1/queue``'s tenants)."""
+    table = _table("Tenants")
+    table.add_column("tenant", no_wrap=True)
+    table.add_column("GPUs", justify="right", no_wrap=True)
+    table.add_column("entitled", justify="right", no_wrap=True)
+    table.add_column("share", justify="right", no_wrap=True)
+    for row in rows:
+        share = row.get("share")
+        table.add_row(
+            str(row.get("tenant", "")),
+            str(row.get("gpus", 0)),
+            f"{float(row.get('entitled_gpus') or 0):g}",
+            "-" if share is None else f"{float(share):.2f}{TIMES}",
+        )
+    table.caption = "share: GPUs held over those entitled (quota-weighted among active tenants)"
+    return table
+
+
+def rho_text(rho: object) -> str:
+    """A job's finish-time fairness for a table: ``1.4`` (above 1: behind an equal share)."""
+    return f"{float(rho):.2f}" if isinstance(rho, int | float) else "-"
 
 
 def replicas_table(body: dict[str, Any], width: int) -> Table:

@@ -15,7 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from ffdl.cli.cluster_render import in_use_text, node_name
+from ffdl.cli.cluster_render import in_use_text, node_name, rho_text, tenants_table
 from ffdl.cli.context import client_of
 from ffdl.cli.render import TIMES, duration_text
 from ffdl.client.http import Client
@@ -28,14 +28,18 @@ def frame(client: Client) -> RenderableType:
     """One picture of the cluster as the API answers now."""
     nodes = client.nodes().get("nodes") or []
     running = client.list_models(status="PROCESSING", limit=50).get("models") or []
-    queue = (client.queue().get("queue") or [])[:QUEUE_HEAD]
+    body = client.queue()
+    queue = (body.get("queue") or [])[:QUEUE_HEAD]
     stamp = datetime.now().astimezone().strftime("%H:%M:%S")
-    return Group(
+    parts: list[RenderableType] = [
         Text(f"ffdl top  {stamp}  (Ctrl-C quits)", style="bold"),
         nodes_table(nodes),
         running_table(running),
         queue_table(queue),
-    )
+    ]
+    if body.get("tenants"):
+        parts.append(tenants_table(body["tenants"]))
+    return Group(*parts)
 
 
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
@@ -65,6 +69,7 @@ def running_table(models: list[dict[str, Any]]) -> Table:
     table.add_column("done", justify="right", no_wrap=True)
     table.add_column("left", justify="right")
     table.add_column(f"L{TIMES}G", justify="right")
+    table.add_column("rho", justify="right", no_wrap=True)
     table.add_column("name", overflow="fold")
     for model in models:
         progress = model.get("progress") or {}
@@ -81,6 +86,7 @@ def running_table(models: list[dict[str, Any]]) -> Table:
             f"{fraction:.0%}" if isinstance(fraction, int | float) else "-",
             duration_text(progress.get("remaining_s")),
             f"{training.get('learners')}{TIMES}{training.get('gpus')}",
+            rho_text(model.get("rho")),
             str(model.get("name") or ""),
         )
     return table

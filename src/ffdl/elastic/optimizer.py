@@ -66,7 +66,8 @@ objectives rescale it at exactly the same gains.
   it is rather than fitted to that form).
 * ``w_j = 1 + priority / 50`` (priority clamped to 0..100, so weights run 1..3 and the
   default priority 50 weighs 2): a priority-100 job's speed-up counts three times a
-  priority-0 job's.
+  priority-0 job's; times the job's ``share_weight``, fairness between tenants
+  (``ffdl.elastic.fairness``).
 * ``penalty_j = restart_penalty * U_j(current)`` when a running job's GPU count or batch
   size changes (a rescale is a checkpoint-restart); keeping the current allocation, starting
   a queued job and stopping a job cost nothing. A change is therefore made only when it
@@ -192,6 +193,8 @@ class ElasticJob:
     restarts: int = 0
     # Work left, when known: not part of the objective; plan.diff uses it to show ETAs.
     remaining_samples: float | None = None
+    # A factor on its weight from fairness between tenants (``ffdl.elastic.fairness``).
+    share_weight: float = 1.0
 
     def __post_init__(self) -> None:
         low, high = self.gpu_range
@@ -223,6 +226,8 @@ class ElasticJob:
             raise ValueError(f"job {self.id}: age_s must be >= 0")
         if self.restarts < 0:
             raise ValueError(f"job {self.id}: restarts must be >= 0")
+        if not 0 < self.share_weight < math.inf:
+            raise ValueError(f"job {self.id}: share_weight must be a finite number > 0")
 
     @property
     def running(self) -> bool:
@@ -436,7 +441,7 @@ def _evaluate(
                 job.model.delta,
                 job.base_batch,
                 noise_scale(job.grad_stats) if job.grad_stats is not None else math.inf,
-                priority_weight(job.priority),
+                priority_weight(job.priority) * job.share_weight,
                 job.current_gpus,
                 job.effective_current_batch,
                 job.local_batch_range[0] if job.local_batch_range else 1,

@@ -187,6 +187,10 @@ class Settings(BaseSettings):
     # a type not named counts 1): the speed the elastic optimizer expects of a job on a type
     # before it has run there. Once it has, its own step times there count.
     gpu_speeds: dict[str, float] = Field(default_factory=dict)
+    # Fairness between tenants in the elastic objective (``ffdl.elastic.fairness``): none
+    # (jobs weigh by priority), max_min (normalised throughput, weighted by quota) or
+    # finish_time (jobs behind an equal share weigh more).
+    tenant_fairness: Literal["none", "max_min", "finish_time"] = "none"
 
     # Learner sandbox (local backend): bubblewrap per learner, each job under its own uid
     # drawn from [sandbox_uid_base, sandbox_uid_base + sandbox_uid_count). Off only on the

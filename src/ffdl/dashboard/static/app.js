@@ -294,6 +294,15 @@
       el("td", {}, entry.reason || ""),
     ));
     fillTable($("queue"), rows, $("queue-empty"));
+    const shares = (body.tenants || []).map((row) => el(
+      "tr",
+      { dataset: { tenant: row.tenant } },
+      el("td", {}, row.tenant),
+      el("td", {}, String(row.gpus)),
+      el("td", {}, String(row.entitled_gpus)),
+      el("td", {}, row.share === null || row.share === undefined ? "–" : `${row.share.toFixed(2)}×`),
+    ));
+    fillTable($("tenant-shares"), shares, $("tenant-shares-empty"));
   }
 
   // A host without GPUs (gpu_type "cpu") offers CPU slots in their place: say so.
@@ -341,6 +350,12 @@
       .map((p) => `learner ${p.learner} on ${p.node}` +
         ((p.gpu_ids || []).length ? ` (gpu ${p.gpu_ids.join(",")})` : ""))
       .join("; ");
+  }
+
+  // Finish-time fairness: time in the cluster over what the work done would have taken on an
+  // equal share; above 1 the job is behind its share.
+  function rhoText(rho) {
+    return `${rho.toFixed(2)} (${rho > 1 ? "behind" : "at or ahead of"} an equal share)`;
   }
 
   function queueText(queue) {
@@ -419,6 +434,7 @@
       ["Queue", queueText(model.queue)],
       ["Progress", progressText(model.progress)],
       ["GPU use", gpuText(model.gpu_utilization)],
+      ["Fairness (ρ)", typeof model.rho === "number" ? rhoText(model.rho) : "–"],
       ["Start vs ETA", startEstimateText(model.start_estimate)],
       ["Placement", placementText(model.placement)],
       ["Results", (model.results && model.results.location) || "–"],

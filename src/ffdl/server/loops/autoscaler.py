@@ -41,6 +41,7 @@ from ffdl.elastic.accumulation import job_layout, running_batch
 from ffdl.elastic.autoscale import Candidate, TypedCandidate, autoscale, autoscale_types
 from ffdl.elastic.candidates import JobState, elastic_candidate
 from ffdl.elastic.efficiency import GradientStats
+from ffdl.elastic.fairness import AnyCandidate, JobFacts, weigh
 from ffdl.elastic.plan import RescaleDecision
 from ffdl.elastic.throughput import (
     StepObservation,
@@ -54,7 +55,7 @@ from ffdl.server.loops.scheduler import PREEMPTED
 from ffdl.server.platform import Platform
 from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.services.snapshots import epoch
-from ffdl.server.store.models import Job, Metric
+from ffdl.server.store.models import Job, Metric, Tenant
 from ffdl.server.store.transitions import note_job_event, set_job_status
 from ffdl.server.telemetry.instruments import OPTIMIZER_SECONDS, Timer
 
@@ -89,6 +90,9 @@ class AutoscalerLoop:
         self._platform = platform
         self._learned: dict[tuple[str, str], _Learned] = {}  # by job id and GPU type
         self._specs: dict[str, ElasticSpec] = {}  # a job's manifest does not change
+        self._samples: dict[str, float] = {}  # each job's last reported cumulative samples
+        self._quotas: dict[str, int | None] = {}  # each tenant's max_gpus
+        self._rhos: dict[str, float | None] = {}  # each job's rho in the last pass
 
     def __call__(self) -> None:
         platform = self._platform
@@ -111,6 +115,7 @@ class AutoscalerLoop:
                 .order_by(Job.priority.desc(), Job.submitted_at)
                 .limit(1)
             ).first()
+            self._quotas = dict(session.execute(select(Tenant.id, Tenant.max_gpus)).tuples().all())
             elastic_ids = [j.id for j in jobs if j.elastic]
             epochs = self._epochs(session, elastic_ids)
             gradients = gradient_stats(session, elastic_ids)
@@ -139,7 +144,9 @@ class AutoscalerLoop:
                 )
         if decisions:
             self._apply(decisions)
+        self._store_rho(jobs)
         live = {job.id for job in jobs}
+        self._samples = {k: v for k, v in self._samples.items() if k in live}
         self._learned = {k: v for k, v in self._learned.items() if k[0] in live}
         self._specs = {k: v for k, v in self._specs.items() if k in live}
 
@@ -193,6 +200,7 @@ class AutoscalerLoop:
             free = sum(n.gpus for n in nodes if n.schedulable) - held
             if demand > free and queued_fixed.priority > min(running_elastic_priorities):
                 capacity -= demand
+        candidates = self._fair(candidates, jobs, sum(n.gpus for n in nodes if n.schedulable))
         return autoscale(
             candidates,
             capacity,
@@ -267,7 +275,44 @@ class AutoscalerLoop:
                 demand = queued_fixed.learners * queued_fixed.gpus
                 if demand > capacity[kind] - _held_on(jobs, node_types, kind):
                     capacity[kind] -= demand
+        candidates = self._fair(candidates, jobs, sum(total.values()))
         return autoscale_types(candidates, capacity, gpus_per_node=per_node, **options)
+
+    def _fair(
+        self, candidates: list[AnyCandidate], jobs: Sequence[Job], cluster_gpus: int
+    ) -> list[AnyCandidate]:
+        """``candidates`` weighed for fairness between tenants (``tenant_fairness``); every
+        job's rho is kept for ``_store_rho``."""
+        now = time.time()
+        facts = {
+            job.id: JobFacts(
+                tenant=job.tenant_id,
+                age_s=now - epoch(job.submitted_at),
+                samples_done=self._samples.get(job.id, 0.0),
+            )
+            for job in jobs
+            if job.elastic
+        }
+        mode = self._platform.settings.tenant_fairness
+        weighed, self._rhos = weigh(candidates, facts, self._quotas, mode, cluster_gpus)
+        return weighed
+
+    def _store_rho(self, jobs: Sequence[Job]) -> None:
+        """Record each job's rho where it moved by more than 5% (or appeared, or went)."""
+        moved = {
+            job.id: rho
+            for job in jobs
+            if job.id in self._rhos
+            and (rho := self._rhos[job.id]) != job.rho
+            and (rho is None or job.rho is None or abs(rho - job.rho) > 0.05 * job.rho)
+        }
+        if not moved:
+            return
+        with self._platform.store.write() as session:
+            for job_id, rho in moved.items():
+                job = session.get(Job, job_id)
+                if job is not None:
+                    job.rho = rho
 
     def _waits_for_scheduler(self, job: Job, now: float) -> bool:
         """A queued job just submitted (``QUEUED_GRACE_INTERVALS``) or held back."""
@@ -354,6 +399,8 @@ class AutoscalerLoop:
         for row in rows:
             learned.last_metric_number = row.number
             samples = row.values.get("samples")
+            if samples is not None:
+                self._samples[job.id] = float(samples)
             if row.attempt != job.attempt or samples is None:
                 learned.last_point = None
                 continue

@@ -10,10 +10,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, func, select
+from sqlalchemy.orm import Session
 
 from ffdl.core.resources import Placement, Resources
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
+from ffdl.elastic.fairness import entitlements
 from ffdl.server.auth import Principal
 from ffdl.server.leases import describe
 from ffdl.server.platform import Platform
@@ -21,7 +23,7 @@ from ffdl.server.services import audit
 from ffdl.server.services.admin import require_platform_admin
 from ffdl.server.services.nodes import effective_nodes, set_drained
 from ffdl.server.services.queries import eta_text, iso
-from ffdl.server.store.models import Job, Learner
+from ffdl.server.store.models import Job, Learner, Tenant
 from ffdl.server.store.transitions import utcnow
 
 IN_USE = "in use"
@@ -99,12 +101,17 @@ def cluster_view(platform: Platform, principal: Principal) -> dict[str, Any]:
 
 
 def queue_view(platform: Platform, principal: Principal) -> dict[str, Any]:
-    """Queued jobs in queue order: the caller's tenant's, or everyone's for a platform admin."""
+    """Queued jobs in queue order, and each tenant's share of the GPUs: the caller's tenant's,
+    or everyone's for a platform admin."""
+    total_gpus = sum(n.gpus for n in effective_nodes(platform) if n.schedulable)
     query = select(Job).where(Job.status == JobStatus.QUEUED.value)
     if not principal.is_platform_admin:
         query = query.where(Job.tenant_id == principal.tenant_id)
     with platform.store.read() as session:
         jobs = session.scalars(query).all()
+        shares = tenant_shares(session, total_gpus)
+    if not principal.is_platform_admin:
+        shares = [s for s in shares if s["tenant"] == principal.tenant_id]
     now = datetime.now(UTC).timestamp()
     unplaced = 1 << 30
     jobs = sorted(jobs, key=lambda j: (j.queue_position or unplaced, -j.priority, j.submitted_at))
@@ -124,9 +131,48 @@ def queue_view(platform: Platform, principal: Principal) -> dict[str, Any]:
                 "eta_s": eta_s,
                 "reason": job.reason,
                 "submitted": iso(job.submitted_at),
+                "rho": job.rho,
             }
         )
-    return {"queue": entries}
+    return {"queue": entries, "tenants": shares}
+
+
+def tenant_shares(session: Session, total_gpus: int) -> list[dict[str, Any]]:
+    """Each tenant with jobs running or queued: the GPUs it holds against those it is
+    entitled to (its quota's share of the cluster among those tenants, as the elastic
+    objective's ``max_min`` fairness weighs them; ``ffdl.elastic.fairness.entitlements``)."""
+    holding = [s.value for s in HOLDING_JOB_STATES]
+    held = dict(
+        session.execute(
+            select(Job.tenant_id, func.sum(Job.gpus * Job.learners))
+            .where(Job.status.in_(holding))
+            .group_by(Job.tenant_id)
+        )
+        .tuples()
+        .all()
+    )
+    waiting = set(
+        session.scalars(
+            select(Job.tenant_id).where(Job.status == JobStatus.QUEUED.value).distinct()
+        ).all()
+    )
+    quotas = dict(session.execute(select(Tenant.id, Tenant.max_gpus)).tuples().all())
+    active = sorted({t for t, gpus in held.items() if gpus} | waiting)
+    share = entitlements(active, quotas)
+    rows = []
+    for tenant in active:
+        entitled = share[tenant] * total_gpus
+        gpus = int(held.get(tenant) or 0)
+        rows.append(
+            {
+                "tenant": tenant,
+                "gpus": gpus,
+                "entitled_gpus": round(entitled, 2),
+                "share": round(gpus / entitled, 3) if entitled > 0 else None,
+                "max_gpus": quotas.get(tenant),
+            }
+        )
+    return rows
 
 
 def drain(

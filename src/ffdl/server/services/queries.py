@@ -230,6 +230,9 @@ def model_summary(job: Job) -> dict[str, Any]:
         "placement": job.placement or [],
         # What ``ffdl scale`` pinned an elastic job to (None: the autoscaler's choice).
         "pinned": {"gpus": job.pinned_gpus, "gpu_type": job.pinned_gpu_type},
+        # An elastic job's finish-time fairness so far (``ffdl.elastic.fairness``): its time
+        # in the cluster over what its work would have taken on an equal share.
+        "rho": job.rho,
         "queue": queue,
         # ffdl's additions: how far it has come and when it should end, and how far the
         # first start time the queue showed was from its real start.

@@ -112,6 +112,8 @@ class Job(Base):
     batch_size: Mapped[int | None] = mapped_column(Integer, default=None)
     pinned_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
     pinned_gpu_type: Mapped[str | None] = mapped_column(String(100), default=None)
+    # Finish-time fairness so far (``ffdl.elastic.fairness.finish_time_fairness``), elastic jobs.
+    rho: Mapped[float | None] = mapped_column(Float, default=None)
     rescale_target: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # Desired state written by the API and reconciled by the loops: "halt" | "cancel" | None.
     desired: Mapped[str | None] = mapped_column(String(16), default=None)

@@ -1,4 +1,5 @@
-"""The GPU type a user pinned an elastic job to (``ffdl scale --gpu-type``).
+"""The GPU type a user pinned an elastic job to (``ffdl scale --gpu-type``), and each job's
+finish-time fairness estimate (rho).
 
 Revision ID: 0008
 Revises: 0007
@@ -19,8 +20,10 @@ depends_on: str | None = None
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("pinned_gpu_type", sa.String(length=100), nullable=True))
+        batch.add_column(sa.Column("rho", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("rho")
         batch.drop_column("pinned_gpu_type")
