@@ -31,7 +31,8 @@ job ``j`` to it is exact and cheap: ``max_g best_t[C_t - g] + v_j(g) - best_t[C_
    without it: every move raises the objective. A type that lost a job is offered no other
    until its row is recomputed, which happens once per sweep over the running jobs (at
    most one sweep per type).
-4. Each type's jobs are solved exactly by ``optimize``'s programme.
+4. Each type's jobs are solved exactly by the programme kept for it (recomputed where it
+   lost a job), walked back as ``optimize`` walks its own.
 
 Evaluating a job on a type costs ``O(K)`` for ``K`` options, so the assignment adds little
 to the per-type programmes, whose capacities sum to the cluster's.
@@ -47,6 +48,7 @@ import numpy as np
 
 from ffdl.elastic.choices import DEFAULT_GPUS_PER_NODE
 from ffdl.elastic.optimizer import (
+    _TIE_TOLERANCE,
     OBJECTIVES,
     Allocation,
     ElasticJob,
@@ -55,7 +57,6 @@ from ffdl.elastic.optimizer import (
     _add_fairness_terms,
     _evaluate,
     _Options,
-    _solve,
     useful_progress,
 )
 from ffdl.elastic.throughput import FloatArray
@@ -174,14 +175,9 @@ def optimize_types(
     )
     unit = math.gcd(*(job.home.gpus_per_learner for job in jobs))
     capacity = {t: gpus_by_type[t] // unit for t in by_type}
-    assigned = _assign(jobs, rows, options, capacity, unit)
+    chosen = _assign(jobs, rows, options, capacity, unit)
+    assigned = {rows[r][0]: r for r in chosen}
 
-    chosen: dict[int, int] = {}  # row -> option
-    for t in by_type:
-        members = [r for r in assigned.values() if rows[r][1] == t]
-        if members:
-            picks = _solve(_take(options, np.array(members)), capacity[t], unit)
-            chosen.update(zip(members, picks, strict=True))
     allocations: list[Allocation] = []
     types: list[str | None] = []
     changed: list[str] = []
@@ -189,7 +185,7 @@ def optimize_types(
     achieved = 0.0
     for j, job in enumerate(jobs):
         row = assigned.get(j)
-        k = chosen.get(row, 0) if row is not None else 0
+        k = chosen[row] if row is not None else 0
         kind = rows[row][1] if row is not None else None
         gpus = int(options.gpus[row, k]) if row is not None else 0
         batch = int(options.batches[row, k]) if row is not None and gpus else None
@@ -221,8 +217,13 @@ def _variant(job: TypedJob, gpu_type: str) -> ElasticJob:
     """The job's variant on ``gpu_type``; on a type it does not run on, a running job's
     machines there are not known (it would be placed afresh)."""
     variant = job.variants[gpu_type]
-    if job.current_type is not None and gpu_type != job.current_type:
-        home = job.home
+    home = job.home
+    same = (variant.current_gpus, variant.current_batch, variant.current_nodes) == (
+        home.current_gpus,
+        home.current_batch,
+        None,
+    )
+    if job.current_type is not None and gpu_type != job.current_type and not same:
         return replace(
             variant,
             current_gpus=home.current_gpus,
@@ -261,6 +262,57 @@ def _anchors(
     return refs, nows
 
 
+class _Programme:
+    """One type's dynamic programme: the rows (job variants) planned there, in order, and
+    the table after each (``table[0]`` is no job; ``table[i + 1][c]`` the best value of the
+    first ``i + 1`` with at most ``c`` units)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.members: list[int] = []
+        self.table: list[FloatArray] = [np.zeros(capacity + 1)]
+
+    @property
+    def best(self) -> FloatArray:
+        return self.table[-1]
+
+    def add(self, row: int, sizes: Sequence[int], values: Sequence[float]) -> None:
+        self.members.append(row)
+        self.table.append(_extend(self.table[-1], sizes, values))
+
+    def rebuild(self, sizes: Sequence[Sequence[int]], values: Sequence[Sequence[float]]) -> None:
+        members, self.members, self.table = self.members, [], self.table[:1]
+        for row in members:
+            self.add(row, sizes[row], values[row])
+
+    def walk_back(
+        self,
+        sizes: Sequence[Sequence[int]],
+        values: Sequence[Sequence[float]],
+        preferred: list[int],
+    ) -> dict[int, int]:
+        """row -> the option each member takes in the optimum (its current one on ties)."""
+        chosen: dict[int, int] = {}
+        remaining = self.capacity
+        for i in range(len(self.members) - 1, -1, -1):
+            row = self.members[i]
+            target = float(self.table[i + 1][remaining])
+            slack = _TIE_TOLERANCE * (1.0 + abs(target))
+            for k in (preferred[row], *range(len(sizes[row]))):
+                size, value = sizes[row][k], values[row][k]
+                if (
+                    value > -math.inf
+                    and size <= remaining
+                    and float(self.table[i][remaining - size]) + value >= target - slack
+                ):
+                    chosen[row] = k
+                    remaining -= size
+                    break
+            else:  # pragma: no cover - the optimum is always reached by some option
+                raise AssertionError("typed DP walk-back found no option reaching the optimum")
+        return chosen
+
+
 def _assign(
     jobs: Sequence[TypedJob],
     rows: Sequence[tuple[int, str]],
@@ -268,17 +320,16 @@ def _assign(
     capacity: Mapping[str, int],
     unit: int,
 ) -> dict[int, int]:
-    """job index -> the row (its variant on one type) it is planned on; steps 1-3 of the
-    module docstring."""
+    """row -> the option it takes, for the row (variant on one type) each job is planned
+    on; steps 1-4 of the module docstring."""
     sizes = (options.gpus // unit).tolist()
     values = options.value.tolist()
     rows_of: dict[int, list[int]] = {}
     for r, (j, _) in enumerate(rows):
         rows_of.setdefault(j, []).append(r)
-    best = {t: np.zeros(c + 1) for t, c in capacity.items()}
-    members: dict[str, list[int]] = {t: [] for t in capacity}
+    programmes = {t: _Programme(c) for t, c in capacity.items()}
     assigned: dict[int, int] = {}
-    stale: set[str] = set()  # types that lost a job since their row was computed
+    stale: set[str] = set()  # types that lost a job since their table was computed
 
     # Per row and option: the units left on its type after it, and its value (-inf for an
     # option it cannot have there).
@@ -288,14 +339,13 @@ def _assign(
     left = np.maximum(left, 0)
 
     def gain(r: int) -> float:
-        top, c = best[rows[r][1]], capacity[rows[r][1]]
-        return float((top[left[r]] + worth[r]).max()) - float(top[c])
+        programme = programmes[rows[r][1]]
+        top = programme.best
+        return float((top[left[r]] + worth[r]).max()) - float(top[programme.capacity])
 
     def add(j: int, r: int) -> None:
-        t = rows[r][1]
         assigned[j] = r
-        members[t].append(r)
-        best[t] = _extend(best[t], sizes[r], values[r])
+        programmes[rows[r][1]].add(r, sizes[r], values[r])
 
     queued: list[int] = []
     for j, job in enumerate(jobs):
@@ -307,7 +357,7 @@ def _assign(
     for j in queued:
         gains = [(gain(r), -i, r) for i, r in enumerate(rows_of[j])]
         add(j, max(gains)[2])
-    # Moves, in sweeps: a type that lost a job is not offered one until its row is
+    # Moves, in sweeps: a type that lost a job is not offered one until its table is
     # recomputed, once per sweep, so a sweep costs one programme per type at most.
     running = [j for j in assigned if jobs[j].home.running]
     for _ in range(len(capacity)):
@@ -325,15 +375,20 @@ def _assign(
             top_gain, target = max(moves)
             if top_gain > worth_here + 1e-9 * (1.0 + abs(worth_here)):
                 source = rows[here][1]
-                members[source].remove(here)
+                programmes[source].members.remove(here)
                 stale.add(source)
                 add(j, target)
         if not (waiting and stale):
             break
         for t in stale:
-            best[t] = _last_row([(sizes[m], values[m]) for m in members[t]], capacity[t])
+            programmes[t].rebuild(sizes, values)
         stale.clear()
-    return assigned
+    for t in stale:
+        programmes[t].rebuild(sizes, values)
+    chosen: dict[int, int] = {}
+    for programme in programmes.values():
+        chosen.update(programme.walk_back(sizes, values, options.preferred))
+    return chosen
 
 
 def _extend(best: FloatArray, sizes: Sequence[int], values: Sequence[float]) -> FloatArray:
@@ -344,13 +399,6 @@ def _extend(best: FloatArray, sizes: Sequence[int], values: Sequence[float]) -> 
         if value > -math.inf and size <= capacity:
             np.maximum(row[size:], best[: capacity + 1 - size] + value, out=row[size:])
     return row
-
-
-def _last_row(jobs: Sequence[tuple[Sequence[int], Sequence[float]]], capacity: int) -> FloatArray:
-    best = np.zeros(capacity + 1)
-    for sizes, values in jobs:
-        best = _extend(best, sizes, values)
-    return best
 
 
 def _take(options: _Options, rows: np.ndarray) -> _Options:  # type: ignore[type-arg]
