@@ -273,7 +273,7 @@ class AutoscalerLoop:
             if kinds:
                 kind = max(kinds, key=lambda t: capacity[t])
                 demand = queued_fixed.learners * queued_fixed.gpus
-                if demand > capacity[kind] - _held_on(jobs, node_types, kind):
+                if demand > total[kind] - _held_on(jobs, node_types, kind):
                     capacity[kind] -= demand
         candidates = self._fair(candidates, jobs, sum(total.values()))
         return autoscale_types(candidates, capacity, gpus_per_node=per_node, **options)
