@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 
@@ -15,7 +14,6 @@ from tests.dashboard.test_dashboard import browser, console_errors, row_status, 
 from tests.dashboard.test_dashboard_charts import chart_data, chart_server
 from tests.integration.live import (
     LiveServer,
-    code_zip,
     manifest_yaml,
     wait_for,
 )
@@ -38,20 +36,6 @@ return [...document.querySelectorAll('#queue tbody tr')].map(
 """
 
 JOB_IDS_JS = "return [...document.querySelectorAll('#jobs tbody tr')].map((r) => r.dataset.id);"
-
-
-def submit_as(server: LiveServer, token: str, manifest: str, files: dict[str, str]) -> str:
-    response = httpx.post(
-        f"{server.url}/v1/models",
-        headers={"Authorization": f"Bearer {token}"},
-        files={
-            "manifest": ("manifest.yml", manifest.encode(), "application/x-yaml"),
-            "model_definition": ("model.zip", code_zip(files), "application/zip"),
-        },
-        timeout=30,
-    )
-    assert response.status_code == 201, response.text
-    return str(response.json()["model_id"])
 
 
 def queue_rows(driver: WebDriver) -> list[list[str]]:
@@ -83,11 +67,10 @@ def test_queue_positions_etas_past_estimates_and_a_tenant_admins_view(
     waiting = server.submit_ok(
         manifest_yaml("python hold.py", name="waiting", gpus=4, expected_duration="1m"), files
     )
-    theirs = submit_as(
-        server,
-        team_admin,
+    theirs = server.submit_ok(
         manifest_yaml("python hold.py", name="theirs", gpus=4, expected_duration="1m"),
         files,
+        token=team_admin,
     )
 
     # The platform admin's queue: both waiting jobs in queue order, each with its ETA, the

@@ -186,18 +186,29 @@ class LiveServer:
 
     # -- jobs ------------------------------------------------------------------------------
 
-    def submit(self, manifest: str, files: dict[str, str] | None = None) -> httpx.Response:
+    def submit(
+        self, manifest: str, files: dict[str, str] | None = None, token: str | None = None
+    ) -> httpx.Response:
+        """Submit as the admin, or as the user of ``token``."""
         archive = code_zip(files or {"README": "no code"})
-        return self.client.post(
-            "/v1/models",
-            files={
-                "manifest": ("manifest.yml", manifest.encode(), "application/x-yaml"),
-                "model_definition": ("model.zip", archive, "application/zip"),
-            },
+        upload = {
+            "manifest": ("manifest.yml", manifest.encode(), "application/x-yaml"),
+            "model_definition": ("model.zip", archive, "application/zip"),
+        }
+        if token is None:
+            return self.client.post("/v1/models", files=upload)
+        return httpx.post(
+            f"{self.url}/v1/models",
+            headers={"Authorization": f"Bearer {token}"},
+            files=upload,
+            verify=self.verify,
+            timeout=30,
         )
 
-    def submit_ok(self, manifest: str, files: dict[str, str] | None = None) -> str:
-        response = self.submit(manifest, files)
+    def submit_ok(
+        self, manifest: str, files: dict[str, str] | None = None, token: str | None = None
+    ) -> str:
+        response = self.submit(manifest, files, token)
         assert response.status_code == 201, response.text
         return str(response.json()["model_id"])
 

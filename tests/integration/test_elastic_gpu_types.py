@@ -14,15 +14,7 @@ import pytest
 from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, serving, wait_for
 from tests.integration.test_cli import ffdl
 from tests.integration.test_elastic import ELASTIC_STEPS, _reported_steps
-
-TWO_TYPES = [
-    {"name": "node-h100", "gpus": 2, "cpus": 8, "memory": "16GiB", "gpu_type": "h100"},
-    {"name": "node-a100", "gpus": 2, "cpus": 8, "memory": "16GiB", "gpu_type": "a100"},
-]
-# Runs until told to stop (or for a minute at most).
-HOLD = "python -c 'import time; from ffdl.sdk.api import should_stop\n" + (
-    "for _ in range(600):\n    time.sleep(0.1)\n    if should_stop(): break'"
-)
+from tests.integration.test_gpu_types import HOLD, TWO_TYPES
 
 
 @pytest.fixture(scope="module")

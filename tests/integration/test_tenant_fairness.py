@@ -10,13 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.integration.live import (
     FAST_CONFIG,
     LiveServer,
-    code_zip,
     manifest_yaml,
     serving,
     wait_for,
@@ -69,21 +67,6 @@ def _elastic() -> tuple[str, dict[str, str]]:
     return manifest, {"scaling.py": SCALING}
 
 
-def _submit_as(live: LiveServer, token: str) -> str:
-    manifest, files = _elastic()
-    response = httpx.post(
-        f"{live.url}/v1/models",
-        headers={"Authorization": f"Bearer {token}"},
-        files={
-            "manifest": ("manifest.yml", manifest.encode(), "application/x-yaml"),
-            "model_definition": ("model.zip", code_zip(files), "application/zip"),
-        },
-        timeout=30,
-    )
-    assert response.status_code == 201, response.text
-    return str(response.json()["model_id"])
-
-
 def _gpus(live: LiveServer) -> dict[str, int]:
     models = live.client.get("/v1/models", params={"status": "PROCESSING"}).json()["models"]
     return {m["model_id"]: m["training"]["learners"] * m["training"]["gpus"] for m in models}
@@ -104,7 +87,7 @@ def test_a_tenant_with_one_job_gets_about_as_many_gpus_as_a_tenant_with_three(
         return held if sum(held.get(job_id, 0) for job_id in ours) == 8 else None
 
     wait_for(spread_over_all, timeout=90, interval=0.2, what="the default tenant's 8 GPUs")
-    theirs = _submit_as(cluster, token)
+    theirs = cluster.submit_ok(*_elastic(), token=token)
 
     # Per job, 2 GPUs each would be best (the optimizer's proportional objective); per
     # tenant, team-b's one job weighs as much as the default tenant's three together.

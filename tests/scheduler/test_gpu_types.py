@@ -3,6 +3,8 @@ it accepts (its first choice first), and preemption that frees room of one type.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ffdl.core.resources import LearnerPlacement, Node, Placement, Resources
 from ffdl.scheduler.free import FreeState
 from ffdl.scheduler.placement import PACK, SPREAD, find_nodes, never_fits
@@ -130,3 +132,18 @@ def test_a_placement_records_the_gpu_type_of_each_learner() -> None:
     # Placements stored before types were recorded read back as of no known type.
     older = [{"learner": 1, "node": "a1", "gpu_ids": [0]}]
     assert Placement.from_json(older).gpu_type is None
+
+
+def test_a_waiting_elastic_job_goes_first_to_the_type_it_was_planned_on() -> None:
+    # Room on both types; its own order says h100 first, the optimizer planned it on a100.
+    planned = replace(job(1, 2, "h100", "a100", job_id="elastic"), preferred_type="a100")
+    [start] = schedule(Snapshot(NOW, MIXED, (planned,), ())).starts
+    assert start.placement.gpu_type == "a100"
+    # Where that type has no room, the others still take it.
+    busy = (holding("x", "a1", (0, 1, 2, 3), priority=90),)
+    [elsewhere] = schedule(Snapshot(NOW, MIXED, (planned,), busy)).starts
+    assert elsewhere.placement.gpu_type == "h100"
+    # A preference for a type it does not accept changes nothing.
+    stray = replace(job(1, 2, "h100", job_id="only-h100"), preferred_type="a100")
+    [only] = schedule(Snapshot(NOW, MIXED, (stray,), ())).starts
+    assert only.placement.gpu_type == "h100"

@@ -10,6 +10,7 @@ from ffdl.core.resources import LearnerPlacement, Node, Placement
 from ffdl.core.status import JobStatus
 from ffdl.elastic.throughput import ThroughputModel, on_faster_gpus, prior
 from ffdl.server.loops.autoscaler import job_state, model_on_type, reachable_gpus
+from ffdl.server.services.snapshots import queued_job
 from ffdl.server.store.models import Job
 from tests.server.factories import make_job, make_store
 
@@ -86,3 +87,19 @@ def test_a_job_is_valued_on_each_gpu_type_by_what_it_measured_or_scaled_speeds()
     assert model_on_type(both, "a100", speeds) == on_a100
     # A type not named in gpu_speeds counts 1.
     assert model_on_type({"h100": on_h100}, "t4", speeds) == on_faster_gpus(on_h100, 1.0 / 3.0)
+
+
+def test_the_scheduler_is_told_the_type_a_waiting_elastic_job_was_planned_on(
+    tmp_path: Path,
+) -> None:
+    store = make_store(tmp_path, "sqlite")
+    make_job(store, "training-planned", elastic=True, rescale_target={"gpu_type": "a100"})
+    make_job(store, "training-fixed", rescale_target={"gpu_type": "a100"})
+    with store.read() as session:
+        planned = session.get(Job, "training-planned")
+        fixed = session.get(Job, "training-fixed")
+        assert planned is not None and fixed is not None
+        assert queued_job(planned).preferred_type == "a100"
+        assert queued_job(fixed).preferred_type is None
+        # Placed alone for a move, the type asked for is the only one.
+        assert queued_job(planned, gpu_type="h100").gpu_types == ("h100",)

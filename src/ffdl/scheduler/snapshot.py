@@ -31,6 +31,8 @@ class QueuedJob:
     # span several of them (by default a gang runs on GPUs of one type).
     gpu_types: tuple[str, ...] = ()
     mix_gpu_types: bool = False
+    # The type the elastic optimizer planned a waiting elastic job on: tried first.
+    preferred_type: str | None = None
 
     def __post_init__(self) -> None:
         if self.gpu_type is not None and not self.gpu_types:
@@ -54,14 +56,17 @@ class QueuedJob:
 
     def of_one_type(self, present: Iterable[str]) -> list[QueuedJob]:
         """The job as it may be placed: one version restricted to each GPU type it accepts
-        among ``present`` (its own order first, then by name), or itself when its gang may
-        span types or only one type is there."""
+        among ``present`` (its preferred type first, then its own order, then by name), or
+        itself when its gang may span types or only one type is there."""
         if self.spans_types:
             return [self]
         there = set(present)
         kinds = [t for t in self.gpu_types if t in there] if self.gpu_types else sorted(there)
         if len(kinds) <= 1:
             return [self]
+        if self.preferred_type in kinds:
+            kinds.remove(self.preferred_type)
+            kinds.insert(0, self.preferred_type)
         return [replace(self, gpu_type=kind, gpu_types=(kind,)) for kind in kinds]
 
 

@@ -85,6 +85,19 @@ class _Learned:
     model: ThroughputModel = field(default_factory=prior)
 
 
+@dataclass(frozen=True)
+class _Pass:
+    """What one pass read: the jobs, the nodes (and the drained ones), the first queued
+    non-elastic job, and each elastic job's last epoch and gradient statistics."""
+
+    jobs: Sequence[Job]
+    nodes: Sequence[Node]
+    drained: set[str]
+    queued_fixed: Any
+    epochs: dict[str, int]
+    gradients: dict[str, GradientStats]
+
+
 class AutoscalerLoop:
     def __init__(self, platform: Platform) -> None:
         self._platform = platform
@@ -115,7 +128,8 @@ class AutoscalerLoop:
                 .order_by(Job.priority.desc(), Job.submitted_at)
                 .limit(1)
             ).first()
-            self._quotas = dict(session.execute(select(Tenant.id, Tenant.max_gpus)).tuples().all())
+            quotas = session.execute(select(Tenant.id, Tenant.max_gpus)).all()
+            self._quotas = {tenant: max_gpus for tenant, max_gpus in quotas}
             elastic_ids = [j.id for j in jobs if j.elastic]
             epochs = self._epochs(session, elastic_ids)
             gradients = gradient_stats(session, elastic_ids)
@@ -133,15 +147,12 @@ class AutoscalerLoop:
             "admit_after_s": settings.admit_after_s,
             "objective": settings.elastic_objective,
         }
+        seen = _Pass(jobs, nodes, drained, queued_fixed, epochs, gradients)
         with Timer(OPTIMIZER_SECONDS.observe):
             if len(types) > 1:
-                decisions = self._plan_over_types(
-                    jobs, nodes, drained, queued_fixed, epochs, gradients, options
-                )
+                decisions = self._plan_over_types(seen, options)
             else:
-                decisions = self._plan(
-                    jobs, nodes, drained, queued_fixed, epochs, gradients, options
-                )
+                decisions = self._plan(seen, options)
         if decisions:
             self._apply(decisions)
         self._store_rho(jobs)
@@ -150,17 +161,10 @@ class AutoscalerLoop:
         self._learned = {k: v for k, v in self._learned.items() if k[0] in live}
         self._specs = {k: v for k, v in self._specs.items() if k in live}
 
-    def _plan(
-        self,
-        jobs: Sequence[Job],
-        nodes: Sequence[Node],
-        drained: set[str],
-        queued_fixed: Any,
-        epochs: dict[str, int],
-        gradients: dict[str, GradientStats],
-        options: dict[str, Any],
-    ) -> list[RescaleDecision]:
+    def _plan(self, seen: _Pass, options: dict[str, Any]) -> list[RescaleDecision]:
         """Decisions on a cluster of one GPU type (or none)."""
+        jobs, nodes, drained, queued_fixed = seen.jobs, seen.nodes, seen.drained, seen.queued_fixed
+        epochs, gradients = seen.epochs, seen.gradients
         capacity = sum(n.gpus for n in nodes if n.schedulable)
         candidates: list[Candidate] = []
         running_elastic_priorities: list[int] = []
@@ -208,19 +212,12 @@ class AutoscalerLoop:
             **options,
         )
 
-    def _plan_over_types(
-        self,
-        jobs: Sequence[Job],
-        nodes: Sequence[Node],
-        drained: set[str],
-        queued_fixed: Any,
-        epochs: dict[str, int],
-        gradients: dict[str, GradientStats],
-        options: dict[str, Any],
-    ) -> list[RescaleDecision]:
+    def _plan_over_types(self, seen: _Pass, options: dict[str, Any]) -> list[RescaleDecision]:
         """Decisions on a cluster of several GPU types: each elastic job is offered on every
         type it accepts, valued there by what it measured there, else by what it measured
         elsewhere (or the prior) scaled by ``gpu_speeds``."""
+        jobs, nodes, drained, queued_fixed = seen.jobs, seen.nodes, seen.drained, seen.queued_fixed
+        epochs, gradients = seen.epochs, seen.gradients
         node_types = {n.name: n.gpu_type for n in nodes}
         total = {t: 0 for t in _gpu_types(nodes)}
         per_node = dict.fromkeys(total, 1)
@@ -467,6 +464,10 @@ class AutoscalerLoop:
                     if decision.to_gpus > 0:
                         job.learners = decision.to_gpus // per
                         job.batch_size = decision.to_batch or job.batch_size
+                        # The scheduler tries the type it was planned on first.
+                        job.rescale_target = (
+                            {"gpu_type": decision.gpu_type} if decision.gpu_type else None
+                        )
                         changed = True
                     continue
                 if job.status != JobStatus.PROCESSING.value:

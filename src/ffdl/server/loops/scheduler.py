@@ -52,6 +52,7 @@ _COLUMNS = (
     Job.gpu_types,
     Job.mix_gpu_types,
     Job.pinned_gpu_type,
+    Job.rescale_target,
     Job.placement_policy,
     Job.same_label,
     Job.expected_duration_s,

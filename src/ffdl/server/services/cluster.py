@@ -142,21 +142,18 @@ def tenant_shares(session: Session, total_gpus: int) -> list[dict[str, Any]]:
     entitled to (its quota's share of the cluster among those tenants, as the elastic
     objective's ``max_min`` fairness weighs them; ``ffdl.elastic.fairness.entitlements``)."""
     holding = [s.value for s in HOLDING_JOB_STATES]
-    held = dict(
-        session.execute(
-            select(Job.tenant_id, func.sum(Job.gpus * Job.learners))
-            .where(Job.status.in_(holding))
-            .group_by(Job.tenant_id)
-        )
-        .tuples()
-        .all()
-    )
+    held_rows = session.execute(
+        select(Job.tenant_id, func.sum(Job.gpus * Job.learners))
+        .where(Job.status.in_(holding))
+        .group_by(Job.tenant_id)
+    ).all()
+    held = {tenant: gpus for tenant, gpus in held_rows}
     waiting = set(
         session.scalars(
             select(Job.tenant_id).where(Job.status == JobStatus.QUEUED.value).distinct()
         ).all()
     )
-    quotas = dict(session.execute(select(Tenant.id, Tenant.max_gpus)).tuples().all())
+    quotas = {t: q for t, q in session.execute(select(Tenant.id, Tenant.max_gpus)).all()}
     active = sorted({t for t, gpus in held.items() if gpus} | waiting)
     share = entitlements(active, quotas)
     rows = []

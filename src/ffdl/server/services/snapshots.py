@@ -49,6 +49,7 @@ def queued_job(row: Any, *, learners: int | None = None, gpu_type: str | None = 
         gpu_type=row.gpu_type,
         gpu_types=(only,) if only else tuple(row.gpu_types or ()),
         mix_gpu_types=bool(row.mix_gpu_types) and not only,
+        preferred_type=(row.rescale_target or {}).get("gpu_type") if row.elastic else None,
         placement_policy=row.placement_policy,
         same_label=row.same_label,
         expected_duration_s=row.expected_duration_s,
