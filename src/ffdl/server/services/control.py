@@ -153,8 +153,9 @@ def scale_job(
                 detail={"field": "gpus" if gpus is not None else "gpu_type"},
             )
         if gpus is not None:
-            named = gpu_type if gpu_type != ANY_GPU_TYPE else None
-            _check_gpu_count(job, gpus, named or job.pinned_gpu_type)
+            # The count is checked on the type it will be pinned to (none for ``any``).
+            on = job.pinned_gpu_type if gpu_type is None else gpu_type
+            _check_gpu_count(job, gpus, None if on == ANY_GPU_TYPE else on)
         if gpu_type is not None:
             _check_gpu_type(job, gpu_type, present, gpus)
             job.pinned_gpu_type = None if gpu_type == ANY_GPU_TYPE else gpu_type
