@@ -48,7 +48,6 @@ import numpy as np
 
 from ffdl.elastic.choices import DEFAULT_GPUS_PER_NODE
 from ffdl.elastic.optimizer import (
-    _TIE_TOLERANCE,
     OBJECTIVES,
     Allocation,
     ElasticJob,
@@ -57,6 +56,7 @@ from ffdl.elastic.optimizer import (
     _add_fairness_terms,
     _evaluate,
     _Options,
+    reaching,
     useful_progress,
 )
 from ffdl.elastic.throughput import FloatArray
@@ -297,19 +297,9 @@ class _Programme:
         for i in range(len(self.members) - 1, -1, -1):
             row = self.members[i]
             target = float(self.table[i + 1][remaining])
-            slack = _TIE_TOLERANCE * (1.0 + abs(target))
-            for k in (preferred[row], *range(len(sizes[row]))):
-                size, value = sizes[row][k], values[row][k]
-                if (
-                    value > -math.inf
-                    and size <= remaining
-                    and float(self.table[i][remaining - size]) + value >= target - slack
-                ):
-                    chosen[row] = k
-                    remaining -= size
-                    break
-            else:  # pragma: no cover - the optimum is always reached by some option
-                raise AssertionError("typed DP walk-back found no option reaching the optimum")
+            k = reaching(sizes[row], values[row], preferred[row], self.table[i], remaining, target)
+            chosen[row] = k
+            remaining -= sizes[row][k]
         return chosen
 
 

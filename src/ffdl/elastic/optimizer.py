@@ -730,17 +730,31 @@ def _solve(options: _Options, capacity: int, unit: int) -> list[int]:
     for i in range(count - 1, -1, -1):
         remaining = min(remaining, reach[i + 1])
         target = float(table[i + 1, remaining])
-        slack = _TIE_TOLERANCE * (1.0 + abs(target))
-        for k in (options.preferred[i], *range(len(sizes[i]))):
-            size, value = sizes[i][k], values[i][k]
-            if (
-                value > -math.inf
-                and size <= remaining
-                and float(table[i, remaining - size]) + value >= target - slack
-            ):
-                chosen[i] = k
-                remaining -= size
-                break
-        else:  # pragma: no cover - the optimum is always reached by some option
-            raise AssertionError("elastic DP walk-back found no option reaching the optimum")
+        chosen[i] = reaching(sizes[i], values[i], options.preferred[i], table[i], remaining, target)
+        remaining -= sizes[i][chosen[i]]
     return chosen
+
+
+def reaching(
+    sizes: Sequence[int],
+    values: Sequence[float],
+    preferred: int,
+    before: FloatArray,
+    remaining: int,
+    target: float,
+) -> int:
+    """The option of one job that, added to the row ``before`` it with ``remaining`` units,
+    reaches ``target``: its ``preferred`` one (the current allocation) on ties."""
+    slack = _TIE_TOLERANCE * (1.0 + abs(target))
+    for k in (preferred, *range(len(sizes))):
+        size, value = sizes[k], values[k]
+        if (
+            value > -math.inf
+            and size <= remaining
+            and float(before[remaining - size]) + value >= target - slack
+        ):
+            return int(k)
+    # The optimum is always reached by some option.
+    raise AssertionError(
+        "elastic DP walk-back found no option reaching the optimum"
+    )  # pragma: no cover
