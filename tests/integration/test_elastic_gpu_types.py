@@ -11,22 +11,18 @@ from typing import Any
 
 import pytest
 
-from tests.integration.live import FAST_CONFIG, LiveServer, manifest_yaml, serving, wait_for
+from tests.integration.live import LiveServer, manifest_yaml, serving, wait_for
 from tests.integration.test_cli import ffdl
-from tests.integration.test_elastic import ELASTIC_STEPS, _reported_steps
+from tests.integration.test_elastic import ELASTIC_STEPS, _reported_steps, elastic_config
 from tests.integration.test_gpu_types import HOLD, TWO_TYPES
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     config = {
-        **FAST_CONFIG,
+        **elastic_config(min_rescale_interval_s=1.0),
         "nodes": TWO_TYPES,
         "gpu_speeds": {"h100": 4.0, "a100": 1.0},
-        "autoscaler_interval_s": 0.5,
-        "min_rescale_interval_s": 1.0,
-        "restart_cost_s": 1.0,
-        "halt_grace_s": 5,
     }
     home = Path(tmp_path_factory.mktemp("elastic-gpu-types")) / "home"
     with serving(LiveServer(home=home, config=config)) as live:

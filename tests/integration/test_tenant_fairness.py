@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from tests.integration.live import (
-    FAST_CONFIG,
     LiveServer,
     manifest_yaml,
     serving,
     wait_for,
 )
 from tests.integration.test_cli import ffdl
+from tests.integration.test_elastic import elastic_config
 
 # One machine: no gang pays for crossing the network, so speed grows with GPUs alone.
 EIGHT_GPUS = [{"name": "node-a", "gpus": 8, "cpus": 16, "memory": "32GiB", "gpu_type": "cpu"}]
@@ -49,13 +49,9 @@ TEAM_B = "team-b"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     config = {
-        **FAST_CONFIG,
+        **elastic_config(min_rescale_interval_s=1.0),
         "nodes": EIGHT_GPUS,
         "tenant_fairness": "max_min",
-        "autoscaler_interval_s": 0.5,
-        "min_rescale_interval_s": 1.0,
-        "restart_cost_s": 1.0,
-        "halt_grace_s": 5,
     }
     home = Path(tmp_path_factory.mktemp("tenant-fairness")) / "home"
     with serving(LiveServer(home=home, config=config)) as live:

@@ -77,6 +77,12 @@ class TypedCandidate:
     current_type: str | None = None
     pinned_type: str | None = None
 
+    @property
+    def home(self) -> Candidate:
+        """The candidate on its current type (else its first choice)."""
+        own = self.variants.get(self.current_type or "")
+        return own if own is not None else next(iter(self.variants.values()))
+
 
 def autoscale_types(
     candidates: Sequence[TypedCandidate],

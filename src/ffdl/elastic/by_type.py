@@ -43,8 +43,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ffdl.elastic.choices import DEFAULT_GPUS_PER_NODE
 from ffdl.elastic.optimizer import (
@@ -146,13 +148,6 @@ def optimize_types(
     by_type: dict[str, list[int]] = {}
     for r, (_, t) in enumerate(rows):
         by_type.setdefault(t, []).append(r)
-    settings = {
-        "restart_penalty": restart_penalty,
-        "batch_choices": batch_choices,
-        "fixed_batch": fixed_batch,
-        "restart_cost_s": restart_cost_s,
-        "proportional": objective == "proportional",
-    }
     parts = {
         t: _evaluate(
             [variants[r] for r in members],
@@ -160,7 +155,11 @@ def optimize_types(
             gpus_per_node=per_node[t],
             anchors=(anchors[0][members], anchors[1][members]),
             moving=[jobs[rows[r][0]].current_type not in (None, t) for r in members],
-            **settings,  # type: ignore[arg-type]
+            restart_penalty=restart_penalty,
+            batch_choices=batch_choices,
+            fixed_batch=fixed_batch,
+            restart_cost_s=restart_cost_s,
+            proportional=objective == "proportional",
         )
         for t, members in by_type.items()
     }
@@ -391,7 +390,7 @@ def _extend(best: FloatArray, sizes: Sequence[int], values: Sequence[float]) -> 
     return row
 
 
-def _take(options: _Options, rows: np.ndarray) -> _Options:  # type: ignore[type-arg]
+def _take(options: _Options, rows: npt.NDArray[np.int64]) -> _Options:
     return _Options(
         gpus=options.gpus[rows],
         batches=options.batches[rows],
@@ -407,7 +406,7 @@ def _stack(parts: Sequence[_Options]) -> _Options:
     exist."""
     width = max(part.gpus.shape[1] for part in parts)
 
-    def pad(array: np.ndarray, fill: float) -> np.ndarray:  # type: ignore[type-arg]
+    def pad(array: npt.NDArray[Any], fill: float) -> npt.NDArray[Any]:
         extra = width - array.shape[1]
         return np.pad(array, ((0, 0), (0, extra)), constant_values=fill) if extra else array
 

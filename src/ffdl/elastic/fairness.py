@@ -168,11 +168,7 @@ def weigh(
 
 
 def _home(candidate: Candidate | TypedCandidate) -> ElasticJob:
-    if isinstance(candidate, Candidate):
-        return candidate.job
-    variants = candidate.variants
-    own = variants.get(candidate.current_type or "")
-    return (own if own is not None else next(iter(variants.values()))).job
+    return (candidate if isinstance(candidate, Candidate) else candidate.home).job
 
 
 def _speedup(job: ElasticJob) -> float:
