@@ -138,6 +138,21 @@ def test_queued_jobs_go_where_they_are_worth_most_and_gangs_stay_on_one_type() -
     assert used == {"h100": 4, "a100": 4}
 
 
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_the_fast_type_goes_to_the_queued_job_that_gains_most_from_it_whatever_the_order(
+    objective: Objective,
+) -> None:
+    # One GPU of each type; one job runs 1.1x faster on the H100, the other 4x.
+    little = TypedJob(
+        {"h100": job("little", model=on_faster_gpus(SLOW, 1.1)), "a100": job("little")}
+    )
+    much = on_both(job("much"))
+    for order in ([little, much], [much, little]):
+        plan = solve(order, h100=1, a100=1, objective=objective)
+        types = dict(zip((j.id for j in order), plan.gpu_types, strict=True))
+        assert types == {"much": "h100", "little": "a100"}
+
+
 def test_a_job_that_accepts_one_type_never_gets_another() -> None:
     only_a100 = TypedJob({"a100": job("only")})
     plan = solve([only_a100], h100=8, a100=0)

@@ -24,8 +24,13 @@ best value of the jobs assigned to it with at most ``c`` units), and the value o
 job ``j`` to it is exact and cheap: ``max_g best_t[C_t - g] + v_j(g) - best_t[C_t]``.
 
 1. Running jobs start on their own type.
-2. Queued jobs, in order, go to the type where adding them is worth most (ties: the first
-   type they name).
+2. Queued jobs go to the type where adding them is worth most (ties: the first type they
+   name), those with the most to lose from a wrong type first: ordered by the gap between
+   their worth alone on their best type and on their second best (a job with one type
+   first of all). In the order given instead, a job that gains little from the fast type
+   could take it before one that gains much, which then went to the slow type: with one
+   H100 and one A100 free, an A3C job (1.1x faster on the H100) arriving before a
+   Transformer (2.7x) kept the H100.
 3. A running job moves to another type when adding it there is worth more than the most
    it can be worth where it is (``max_g v_j(g)``), which bounds what its own type loses
    without it: every move raises the objective. A type that lost a job is offered no other
@@ -343,7 +348,7 @@ def _assign(
             add(j, home_rows[0])
         elif j in rows_of:
             queued.append(j)
-    for j in queued:
+    for j in sorted(queued, key=lambda j: -_regret([float(worth[r].max()) for r in rows_of[j]])):
         gains = [(gain(r), -i, r) for i, r in enumerate(rows_of[j])]
         add(j, max(gains)[2])
     # Moves, in sweeps: a type that lost a job is not offered one until its table is
@@ -378,6 +383,15 @@ def _assign(
     for programme in programmes.values():
         chosen.update(programme.walk_back(sizes, values, options.preferred))
     return chosen
+
+
+def _regret(worths: Sequence[float]) -> float:
+    """What a job loses if it gets its second-best type instead of its best (each valued
+    alone there); infinite for a job with one type."""
+    if len(worths) < 2:
+        return math.inf
+    best, second = sorted(worths, reverse=True)[:2]
+    return best - second
 
 
 def _extend(best: FloatArray, sizes: Sequence[int], values: Sequence[float]) -> FloatArray:
