@@ -127,7 +127,7 @@ def test_a_frozen_leader_loses_its_leases_and_stays_deposed(replicas: list[LiveS
         other = next(r for r in replicas if r is not frozen)
         wait_for(
             lambda: all(leader(other, loop) not in (None, old) for loop in LOOPS),
-            timeout=15,
+            timeout=30,
             interval=0.1,
             what="every loop taken from the frozen replica",
         )
