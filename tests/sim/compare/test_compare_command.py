@@ -58,3 +58,33 @@ def test_the_seed_paper_experiment_prints_both_ratios() -> None:
     assert done.returncode == 0, done.stderr
     row = next(line for line in done.stdout.splitlines() if line.startswith("| 0.1 | 16 |"))
     assert row.count("×") == 2
+
+
+def test_the_mixed_types_comparison_prints_its_goals_and_writes_its_report(
+    tmp_path: Path,
+) -> None:
+    report = tmp_path / "mixed"
+    done = run(
+        "ffdl.sim.compare.mixed_run",
+        "--clusters", "gavel", "--policies", "gavel-las,gavel-ftf,ffdl", "--loads", "1",
+        "--seeds", "0,1", "--jobs", "6", "--workers", "1", "--report", str(report),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "| gavel | 1 | ffdl |" in done.stdout
+    assert "| gavel | 1 | gavel-las |" in done.stdout  # the paired ratio against ffdl
+    assert "avg JCT below gavel-las" in done.stdout and "worst ρ at most gavel-ftf's" in done.stdout
+    assert {p.name for p in report.iterdir()} == {"summary.md", "runs.csv"}
+    rows = (report / "runs.csv").read_text().splitlines()
+    assert len(rows) == 1 + 3 * 2 and rows[0].startswith("cluster,policy,load,seed,avg_jct_h")
+    assert "gpu_h_team-a" in rows[0]
+
+
+def test_the_mixed_types_comparison_refuses_bad_input_by_name() -> None:
+    cluster = run("ffdl.sim.compare.mixed_run", "--clusters", "gavel,tpu")
+    assert cluster.returncode == 2 and "--clusters: unknown 'tpu'" in cluster.stderr
+    policy = run("ffdl.sim.compare.mixed_run", "--highest-only", "slurm")
+    assert policy.returncode == 2 and "--highest-only: unknown 'slurm'" in policy.stderr
+    load = run("ffdl.sim.compare.mixed_run", "--loads", "0")
+    assert load.returncode == 2 and "--loads must all be > 0" in load.stderr
+    restart = run("ffdl.sim.compare.mixed_run", "--restart-s", "-1")
+    assert restart.returncode == 2 and "--restart-s must be >= 0" in restart.stderr

@@ -84,12 +84,6 @@ class Pollux:
                 goodput[i, job.gpus], batches[i, job.gpus] = family.best_goodput_on(
                     job.gpus, job.nodes, job.progress
                 )
-        reference = np.array(
-            [goodput[i, _nearest_feasible(goodput[i], fair)] for i in range(count)]
-        )
-        speedup = goodput / reference[:, None]
-        high = np.array([_highest(goodput[i]) for i in range(count)])
-        low = np.array([_lowest(goodput[i]) for i in range(count)])
         current = np.array([j.gpus for j in jobs], dtype=np.int64)
         factor = np.array(
             [max(j.age_s - j.restarts * RESTART_S, 0.0) / (j.age_s + RESTART_S) for j in jobs]
@@ -98,6 +92,32 @@ class Pollux:
         keep_order = sorted(
             range(count), key=lambda i: (jobs[i].attained_gpu_s, jobs[i].job.submit_s)
         )
+        chosen = self.search([j.id for j in jobs], goodput, current, factor, keep_order, fair)
+        return {
+            j.id: Decision(int(chosen[i]), int(batches[i, chosen[i]]) if chosen[i] else j.batch)
+            for i, j in enumerate(jobs)
+        }
+
+    def search(
+        self,
+        ids: Sequence[str],
+        goodput: npt.NDArray[np.float64],
+        current: npt.NDArray[np.int64],
+        factor: npt.NDArray[np.float64],
+        keep_order: Sequence[int],
+        fair: int,
+    ) -> npt.NDArray[np.int64]:
+        """GPUs per job maximising the fitness: ``goodput[i, g]`` is job ``i``'s goodput on
+        ``g`` GPUs (0 where it cannot run; the cluster is ``goodput.shape[1] - 1`` GPUs),
+        ``current`` what each holds, ``factor`` its restart discount, ``keep_order`` whom
+        repair takes GPUs from last, ``fair`` the share speed-ups are counted against."""
+        count, total_gpus = len(ids), goodput.shape[1] - 1
+        reference = np.array(
+            [goodput[i, _nearest_feasible(goodput[i], fair)] for i in range(count)]
+        )
+        speedup = goodput / reference[:, None]
+        high = np.array([_highest(goodput[i]) for i in range(count)])
+        low = np.array([_lowest(goodput[i]) for i in range(count)])
 
         def fitness(pop: IntMatrix) -> npt.NDArray[np.float64]:
             rows = np.arange(count)[None, :]
@@ -132,7 +152,12 @@ class Pollux:
             return pop
 
         seeds = [current.copy()]
-        seeds.append(np.array([self._previous.get(j.id, j.gpus) for j in jobs], dtype=np.int64))
+        seeds.append(
+            np.array(
+                [self._previous.get(job_id, int(current[i])) for i, job_id in enumerate(ids)],
+                dtype=np.int64,
+            )
+        )
         while len(seeds) < self.population:
             seeds.append(self._mutate(current.copy(), current, high))
         pop = repair(np.array(seeds, dtype=np.int64))
@@ -153,12 +178,9 @@ class Pollux:
             merged_scores = np.concatenate([scores, fitness(children)])
             best = np.argsort(-merged_scores, kind="stable")[: self.population]
             pop, scores = merged[best], merged_scores[best]
-        chosen = pop[int(np.argmax(scores))]
-        self._previous = {j.id: chosen[i].copy() for i, j in enumerate(jobs)}
-        return {
-            j.id: Decision(int(chosen[i]), int(batches[i, chosen[i]]) if chosen[i] else j.batch)
-            for i, j in enumerate(jobs)
-        }
+        chosen: npt.NDArray[np.int64] = pop[int(np.argmax(scores))]
+        self._previous = {job_id: chosen[i].copy() for i, job_id in enumerate(ids)}
+        return chosen
 
     def _table(
         self, family: Family, progress: float, total_gpus: int, gpus_per_node: int
