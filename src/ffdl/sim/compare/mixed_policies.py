@@ -54,7 +54,12 @@ import numpy.typing as npt
 from scipy.optimize import linprog
 
 from ffdl.elastic.by_type import TypedJob, TypedPlan, optimize_types
-from ffdl.elastic.fairness import FairJob, TenantFairness, share_weights
+from ffdl.elastic.fairness import (
+    FairJob,
+    TenantFairness,
+    finish_time_fairness,
+    share_weights,
+)
 from ffdl.elastic.optimizer import ElasticJob, Objective
 from ffdl.elastic.throughput import FloatArray, prior
 from ffdl.sim.compare.gavel import GavelTable
@@ -63,10 +68,11 @@ from ffdl.sim.compare.mixed import (
     MixedCluster,
     MixedDecision,
     MixedView,
+    gang_rate,
     isolated_rate,
     isolated_shares,
 )
-from ffdl.sim.compare.pollux import RESTART_S, Pollux
+from ffdl.sim.compare.pollux import Pollux, SearchedJob
 from ffdl.sim.live_defaults import LIVE_OBJECTIVE, live_default
 
 GAVEL_ROUND_S = 360.0
@@ -365,17 +371,11 @@ class PolluxAgnostic:
         goodput = np.array(
             [table.rates(j.job.model, cluster.reference, total) for j in jobs], dtype=np.float64
         )
-        current = np.array([j.count for j in jobs], dtype=np.int64)
-        factor = np.array(
-            [max(j.age_s - j.restarts * RESTART_S, 0.0) / (j.age_s + RESTART_S) for j in jobs]
-        )
-        keep_order = sorted(
-            range(len(jobs)), key=lambda i: (jobs[i].attained_gpu_s, jobs[i].job.submit_s)
-        )
-        fair = max(1, math.ceil(total / len(jobs)))
-        counts = self.pollux.search(
-            [j.id for j in jobs], goodput, current, factor, keep_order, fair
-        )
+        searched = [
+            SearchedJob(j.id, j.count, j.age_s, j.restarts, j.attained_gpu_s, j.job.submit_s)
+            for j in jobs
+        ]
+        counts = self.pollux.search(searched, goodput, max(1, math.ceil(total / len(jobs))))
         return place_anywhere(jobs, [int(c) for c in counts], cluster, table)
 
 
@@ -481,9 +481,12 @@ class FfdlMixed:
     ) -> dict[str, float]:
         fair: list[FairJob] = []
         for job in jobs:
-            rate = isolated_rate(table, cluster, job.job, float(len(jobs)))
-            rho = job.age_s * rate / job.steps_done if job.steps_done > 0 else None
-            fair.append(FairJob(job.id, job.job.tenant, 0.0, rho, job.count))
+            model = job.job.model
+            share = isolated_rate(table, cluster, job.job, float(len(jobs)))
+            one_gpu = min(table.rate(model, t, 1) for t in cluster.gpus)
+            speedup = gang_rate(table, model, job.gpus) / one_gpu
+            rho = finish_time_fairness(job.age_s, job.steps_done, share)
+            fair.append(FairJob(job.id, job.job.tenant, speedup, rho, job.count))
         return share_weights(fair, {}, self.fairness)
 
     def _typed(

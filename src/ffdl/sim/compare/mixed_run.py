@@ -153,8 +153,8 @@ def run_all(
         for p in policies
         if p not in highest_only or load == max(loads)
     ]
-    # The slowest first, so that the pool's processes end about together.
-    tasks.sort(key=lambda task: ("pollux" not in task[1], "ffdl" not in task[1]))
+    # The slow searches first, so that the pool's processes end about together.
+    tasks.sort(key=lambda task: task[1] not in highest_only)
     runs: list[MixedRun] = []
 
     def report(run: MixedRun) -> None:
@@ -268,16 +268,21 @@ def goal_rows(runs: Sequence[MixedRun], policy: str = "ffdl") -> list[list[str]]
     groups = _groups(runs)
     for cluster, load in groups:
         highest = load == max(ld for c, ld in groups if c == cluster)
-        checks = [("avg JCT below gavel-las", "gavel-las", "avg_jct_h", 1.0)]
-        checks.append(("worst ρ at most gavel-ftf's", "gavel-ftf", "worst_rho", 1.0))
+        # (goal, baseline, figure, the ratio needed, whether it must be exceeded)
+        checks = [
+            ("avg JCT below gavel-las", "gavel-las", "avg_jct_h", 1.0, True),
+            ("worst ρ at most gavel-ftf's", "gavel-ftf", "worst_rho", 1.0, False),
+        ]
         if highest:
-            checks += [(f"avg JCT ≥ 1.5× better than {b}", b, "avg_jct_h", 1.5) for b in AGNOSTIC]
-        for goal, base, figure, need in checks:
+            checks += [
+                (f"avg JCT ≥ 1.5× better than {b}", b, "avg_jct_h", 1.5, False) for b in AGNOSTIC
+            ]
+        for goal, base, figure, need, strictly in checks:
             ratios = _paired(runs, cluster, load, policy, base, figure)
             if not ratios:
                 continue
             mean = statistics.fmean(ratios)
-            met = mean > need if need == 1.0 and figure == "avg_jct_h" else mean >= need
+            met = mean > need if strictly else mean >= need
             rows.append([cluster, f"{load:g}", goal, f"{mean:.2f}×", "met" if met else "NOT met"])
     return rows
 

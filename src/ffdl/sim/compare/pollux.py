@@ -44,6 +44,19 @@ RESTART_S = 30.0
 PROGRESS_BUCKETS = 100
 
 
+@dataclass(frozen=True, slots=True)
+class SearchedJob:
+    """What the search needs of a job besides its goodput: the GPUs it holds, for the
+    restart discount its age and restarts, and for repair its attained service and arrival."""
+
+    id: str
+    gpus: int
+    age_s: float
+    restarts: int
+    attained_gpu_s: float
+    submit_s: float
+
+
 @dataclass
 class Pollux:
     name: str = "pollux"
@@ -84,34 +97,29 @@ class Pollux:
                 goodput[i, job.gpus], batches[i, job.gpus] = family.best_goodput_on(
                     job.gpus, job.nodes, job.progress
                 )
-        current = np.array([j.gpus for j in jobs], dtype=np.int64)
-        factor = np.array(
-            [max(j.age_s - j.restarts * RESTART_S, 0.0) / (j.age_s + RESTART_S) for j in jobs]
-        )
-        # Repair order: least attained service first, then the earliest submitted.
-        keep_order = sorted(
-            range(count), key=lambda i: (jobs[i].attained_gpu_s, jobs[i].job.submit_s)
-        )
-        chosen = self.search([j.id for j in jobs], goodput, current, factor, keep_order, fair)
+        searched = [
+            SearchedJob(j.id, j.gpus, j.age_s, j.restarts, j.attained_gpu_s, j.job.submit_s)
+            for j in jobs
+        ]
+        chosen = self.search(searched, goodput, fair)
         return {
             j.id: Decision(int(chosen[i]), int(batches[i, chosen[i]]) if chosen[i] else j.batch)
             for i, j in enumerate(jobs)
         }
 
     def search(
-        self,
-        ids: Sequence[str],
-        goodput: npt.NDArray[np.float64],
-        current: npt.NDArray[np.int64],
-        factor: npt.NDArray[np.float64],
-        keep_order: Sequence[int],
-        fair: int,
+        self, jobs: Sequence[SearchedJob], goodput: npt.NDArray[np.float64], fair: int
     ) -> npt.NDArray[np.int64]:
         """GPUs per job maximising the fitness: ``goodput[i, g]`` is job ``i``'s goodput on
         ``g`` GPUs (0 where it cannot run; the cluster is ``goodput.shape[1] - 1`` GPUs),
-        ``current`` what each holds, ``factor`` its restart discount, ``keep_order`` whom
-        repair takes GPUs from last, ``fair`` the share speed-ups are counted against."""
-        count, total_gpus = len(ids), goodput.shape[1] - 1
+        ``fair`` the share speed-ups are counted against."""
+        count, total_gpus = len(jobs), goodput.shape[1] - 1
+        current = np.array([j.gpus for j in jobs], dtype=np.int64)
+        factor = np.array(
+            [max(j.age_s - j.restarts * RESTART_S, 0.0) / (j.age_s + RESTART_S) for j in jobs]
+        )
+        # Repair order: least attained service first, then the earliest submitted.
+        keep_order = sorted(range(count), key=lambda i: (jobs[i].attained_gpu_s, jobs[i].submit_s))
         reference = np.array(
             [goodput[i, _nearest_feasible(goodput[i], fair)] for i in range(count)]
         )
@@ -154,7 +162,7 @@ class Pollux:
         seeds = [current.copy()]
         seeds.append(
             np.array(
-                [self._previous.get(job_id, int(current[i])) for i, job_id in enumerate(ids)],
+                [self._previous.get(j.id, j.gpus) for j in jobs],
                 dtype=np.int64,
             )
         )
@@ -179,7 +187,7 @@ class Pollux:
             best = np.argsort(-merged_scores, kind="stable")[: self.population]
             pop, scores = merged[best], merged_scores[best]
         chosen: npt.NDArray[np.int64] = pop[int(np.argmax(scores))]
-        self._previous = {job_id: chosen[i].copy() for i, job_id in enumerate(ids)}
+        self._previous = {j.id: chosen[i].copy() for i, j in enumerate(jobs)}
         return chosen
 
     def _table(
