@@ -182,3 +182,16 @@ def test_a_chunk_that_does_not_hold_its_numbers_is_refused() -> None:
     blobs.put("k", encode_chunk("log", rows))
     with pytest.raises(Unavailable, match="does not hold the records it should"):
         RecordArchive(lambda: blobs).records(ref, after=0, limit=3)
+
+
+def test_a_chunk_is_the_same_bytes_whenever_it_is_compressed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = [
+        LogLine(number=n, time=1.0, learner=1, attempt=1, seq=n, stream="o", text="x")
+        for n in (1, 2, 3)
+    ]
+    monkeypatch.setattr("time.time", lambda: 1_000_000.0)
+    earlier = encode_chunk("log", rows)
+    monkeypatch.setattr("time.time", lambda: 2_000_000.0)
+    assert encode_chunk("log", rows) == earlier

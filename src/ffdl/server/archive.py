@@ -92,7 +92,9 @@ def _row_fields(kind: str, row: Any) -> dict[str, Any]:
 
 def encode_chunk(kind: str, rows: Sequence[Any]) -> bytes:
     lines = (json.dumps(_row_fields(kind, row), separators=(",", ":")) for row in rows)
-    return gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=6)
+    # No timestamp in the header: two replicas moving the same chunk must write the
+    # same bytes under its key, whenever each of them compressed it.
+    return gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=6, mtime=0)
 
 
 def _chunk_lines(chunk: ChunkRef, data: bytes) -> list[str]:
