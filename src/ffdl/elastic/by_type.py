@@ -39,19 +39,26 @@ job ``j`` to it is exact and cheap: ``max_g best_t[C_t - g] + v_j(g) - best_t[C_
 4. Each type's jobs are solved exactly by the programme kept for it (recomputed where it
    lost a job), walked back as ``optimize`` walks its own.
 
-Evaluating a job on a type costs ``O(K)`` for ``K`` options, so the assignment adds little
-to the per-type programmes, whose capacities sum to the cluster's.
+Cost
+----
+Every (job, type) variant is valued in one pass (``ffdl.elastic.options``: rows may sit on
+clusters of different sizes). Evaluating a job on a type costs ``O(K)`` for ``K`` options,
+so the assignment adds little to the per-type programmes, whose capacities sum to the
+cluster's. Both look only at a job's *rising* options, those worth more than every smaller
+one of the same job: a programme's row never falls as units grow, so an option worth no
+more than a smaller one can neither extend the row nor be the best addition (about 3 of a
+job's 7 real options on the benchmark's mix). A running job's move to a type is not valued
+at all when its best option there, alone, could not beat where it is (``max_g v_j(g)``
+bounds what adding it can gain).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import numpy as np
-import numpy.typing as npt
 
 from ffdl.elastic.choices import DEFAULT_GPUS_PER_NODE
 from ffdl.elastic.optimizer import (
@@ -61,11 +68,10 @@ from ffdl.elastic.optimizer import (
     Objective,
     Plan,
     _add_fairness_terms,
-    _evaluate,
-    _Options,
     reaching,
     useful_progress,
 )
+from ffdl.elastic.options import IntArray, Options, ProgressGrid, evaluate, progress_grid
 from ffdl.elastic.throughput import FloatArray
 
 
@@ -78,6 +84,7 @@ class TypedJob:
 
     variants: Mapping[str, ElasticJob]
     current_type: str | None = None
+    _home: ElasticJob = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.variants:
@@ -87,17 +94,19 @@ class TypedJob:
             raise ValueError(f"a typed job's variants must share one id, got {sorted(ids)}")
         running = [t for t, job in self.variants.items() if job.running]
         if running and self.current_type is None:
-            raise ValueError(f"job {self.id}: a running job needs its current_type")
+            raise ValueError(f"job {ids.pop()}: a running job needs its current_type")
+        own = self.variants.get(self.current_type or "")
+        home = own if own is not None else next(iter(self.variants.values()))
+        object.__setattr__(self, "_home", home)  # asked for often, by every pass over jobs
 
     @property
     def id(self) -> str:
-        return next(iter(self.variants.values())).id
+        return self._home.id
 
     @property
     def home(self) -> ElasticJob:
         """The variant on its current type (else its first choice)."""
-        own = self.variants.get(self.current_type or "")
-        return own if own is not None else next(iter(self.variants.values()))
+        return self._home
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,28 +158,21 @@ def optimize_types(
             Plan(allocations=nothing, objective=0.0, changed=stopped), (None,) * len(jobs)
         )
     variants = [_variant(jobs[j], t) for j, t in rows]
-    anchors = _anchors(jobs, rows, per_node)
-    by_type: dict[str, list[int]] = {}
-    for r, (_, t) in enumerate(rows):
-        by_type.setdefault(t, []).append(r)
-    parts = {
-        t: _evaluate(
-            [variants[r] for r in members],
-            gpus_by_type[t],
-            gpus_per_node=per_node[t],
-            anchors=(anchors[0][members], anchors[1][members]),
-            moving=[jobs[rows[r][0]].current_type not in (None, t) for r in members],
-            restart_penalty=restart_penalty,
-            batch_choices=batch_choices,
-            fixed_batch=fixed_batch,
-            restart_cost_s=restart_cost_s,
-            proportional=objective == "proportional",
-        )
-        for t, members in by_type.items()
-    }
-    order = [r for members in by_type.values() for r in members]
-    options = _stack([parts[t] for t in by_type])
-    options = _take(options, np.argsort(order))  # rows back in ``rows`` order
+    grid = progress_grid(
+        variants,
+        [gpus_by_type[t] for _, t in rows],
+        batch_choices=batch_choices,
+        fixed_batch=fixed_batch,
+        gpus_per_node=[per_node[t] for _, t in rows],
+    )
+    options = evaluate(
+        grid,
+        restart_penalty=restart_penalty,
+        restart_cost_s=restart_cost_s,
+        proportional=objective == "proportional",
+        anchors=_anchors(jobs, rows, grid, per_node),
+        moving=np.array([jobs[j].current_type not in (None, t) for j, t in rows], dtype=bool),
+    )
     preemptible = _add_fairness_terms(
         variants,
         options,
@@ -178,28 +180,36 @@ def optimize_types(
         fairness_after_s if admit_after_s is None else admit_after_s,
     )
     unit = math.gcd(*(job.home.gpus_per_learner for job in jobs))
-    capacity = {t: gpus_by_type[t] // unit for t in by_type}
+    capacity = {t: gpus_by_type[t] // unit for _, t in rows}
     chosen = _assign(jobs, rows, options, capacity, unit)
-    assigned = {rows[r][0]: r for r in chosen}
 
+    planned = [(j, r, k) for r, k in chosen.items() for j in (rows[r][0],)]
+    at_row = np.array([r for _, r, _ in planned], dtype=np.int64)
+    at_option = np.array([k for _, _, k in planned], dtype=np.int64)
+    outcome = {
+        j: (r, gpus, batch, progress, utility)
+        for (j, r, _), gpus, batch, progress, utility in zip(
+            planned,
+            options.gpus[at_row, at_option].tolist(),
+            options.batches[at_row, at_option].tolist(),
+            options.progress[at_row, at_option].tolist(),
+            options.utility[at_row, at_option].tolist(),
+            strict=True,
+        )
+    }
     allocations: list[Allocation] = []
     types: list[str | None] = []
     changed: list[str] = []
     yielded: list[str] = []
     achieved = 0.0
     for j, job in enumerate(jobs):
-        row = assigned.get(j)
-        k = chosen[row] if row is not None else 0
-        kind = rows[row][1] if row is not None else None
-        gpus = int(options.gpus[row, k]) if row is not None else 0
-        batch = int(options.batches[row, k]) if row is not None and gpus else None
-        progress = float(options.progress[row, k]) if row is not None else 0.0
-        on = kind if gpus else None
-        allocations.append(Allocation(job.id, gpus, batch, progress))
+        row, gpus, batch, progress, utility = outcome.get(j, (None, 0, 0, 0.0, 0.0))
+        on = rows[row][1] if row is not None and gpus else None
+        allocations.append(Allocation(job.id, gpus, batch if gpus else None, progress))
         types.append(on)
         home = job.home
         if row is not None:
-            achieved += float(options.utility[row, k])
+            achieved += utility
             if preemptible[row] and gpus == 0:
                 yielded.append(job.id)
         if home.running and (
@@ -221,38 +231,47 @@ def _variant(job: TypedJob, gpu_type: str) -> ElasticJob:
     """The job's variant on ``gpu_type``; on a type it does not run on, a running job's
     machines there are not known (it would be placed afresh)."""
     variant = job.variants[gpu_type]
+    if job.current_type is None or gpu_type == job.current_type:
+        return variant
     home = job.home
-    same = (variant.current_gpus, variant.current_batch, variant.current_nodes) == (
+    if (variant.current_gpus, variant.current_batch, variant.current_nodes) == (
         home.current_gpus,
         home.current_batch,
         None,
+    ):
+        return variant
+    return replace(
+        variant,
+        current_gpus=home.current_gpus,
+        current_batch=home.current_batch,
+        current_nodes=None,
     )
-    if job.current_type is not None and gpu_type != job.current_type and not same:
-        return replace(
-            variant,
-            current_gpus=home.current_gpus,
-            current_batch=home.current_batch,
-            current_nodes=None,
-        )
-    return variant
 
 
 def _anchors(
-    jobs: Sequence[TypedJob], rows: Sequence[tuple[int, str]], per_node: Mapping[str, int]
+    jobs: Sequence[TypedJob],
+    rows: Sequence[tuple[int, str]],
+    grid: ProgressGrid,
+    per_node: Mapping[str, int],
 ) -> tuple[FloatArray, FloatArray]:
     """Per row: the job's reference (one GPU at ``b0`` on the slowest type it accepts) and
     its progress now (on its own type)."""
-    reference: dict[int, float] = {}
-    current: dict[int, float] = {}
-    for j, t in rows:
-        variant = jobs[j].variants[t]
-        one = useful_progress(variant, 1, variant.base_batch, gpus_per_node=per_node[t])
-        if one <= 0:
-            raise ValueError(f"job {variant.id}: its progress on one {t} GPU must be > 0")
-        reference[j] = min(reference.get(j, math.inf), one)
+    for r in np.flatnonzero(grid.reference <= 0).tolist():
+        j, t = rows[r]
+        raise ValueError(f"job {jobs[j].id}: its progress on one {t} GPU must be > 0")
+    job_of = np.array([j for j, _ in rows], dtype=np.int64)
+    reference = np.full(len(jobs), np.inf)
+    np.minimum.at(reference, job_of, grid.reference)
+    # A row on the job's own type evaluated its progress now; a queued job's is its reference.
+    current = reference.copy()
+    evaluated: set[int] = set()
+    for r, (j, t) in enumerate(rows):
+        if t == jobs[j].current_type and jobs[j].home.running:
+            current[j] = grid.current[r]
+            evaluated.add(j)
     for j, job in enumerate(jobs):
         home = job.home
-        if home.running:
+        if home.running and j not in evaluated:  # its type is gone or not among its own
             own = job.current_type in job.variants
             current[j] = useful_progress(
                 home,
@@ -261,9 +280,7 @@ def _anchors(
                 gpus_per_node=per_node.get(str(job.current_type), DEFAULT_GPUS_PER_NODE),
                 nodes=home.current_nodes if own else None,
             )
-    refs = np.array([reference[j] for j, _ in rows], dtype=np.float64)
-    nows = np.array([current.get(j, reference[j]) for j, _ in rows], dtype=np.float64)
-    return refs, nows
+    return reference[job_of], current[job_of]
 
 
 class _Programme:
@@ -275,49 +292,49 @@ class _Programme:
         self.capacity = capacity
         self.members: list[int] = []
         self.table: list[FloatArray] = [np.zeros(capacity + 1)]
+        self._scratch = np.empty(capacity + 1)
 
     @property
     def best(self) -> FloatArray:
         return self.table[-1]
 
-    def add(self, row: int, sizes: Sequence[int], values: Sequence[float]) -> None:
+    def add(self, row: int, options: _Rising) -> None:
         self.members.append(row)
-        self.table.append(_extend(self.table[-1], sizes, values))
+        self.table.append(_extend(self.table[-1], options, self._scratch))
 
-    def rebuild(self, sizes: Sequence[Sequence[int]], values: Sequence[Sequence[float]]) -> None:
+    def rebuild(self, rising: _RisingOptions) -> None:
         members, self.members, self.table = self.members, [], self.table[:1]
         for row in members:
-            self.add(row, sizes[row], values[row])
+            self.add(row, rising[row])
 
-    def walk_back(
-        self,
-        sizes: Sequence[Sequence[int]],
-        values: Sequence[Sequence[float]],
-        preferred: list[int],
-    ) -> dict[int, int]:
-        """row -> the option each member takes in the optimum (its current one on ties)."""
+    def walk_back(self, units: IntArray, value: FloatArray, preferred: list[int]) -> dict[int, int]:
+        """row -> the option each member takes in the optimum (its current one on ties);
+        ``units`` and ``value`` per row and option."""
         chosen: dict[int, int] = {}
         remaining = self.capacity
         for i in range(len(self.members) - 1, -1, -1):
             row = self.members[i]
+            sizes: list[int] = units[row].tolist()
             target = float(self.table[i + 1][remaining])
-            k = reaching(sizes[row], values[row], preferred[row], self.table[i], remaining, target)
+            k = reaching(
+                sizes, value[row].tolist(), preferred[row], self.table[i], remaining, target
+            )
             chosen[row] = k
-            remaining -= sizes[row][k]
+            remaining -= sizes[k]
         return chosen
 
 
 def _assign(
     jobs: Sequence[TypedJob],
     rows: Sequence[tuple[int, str]],
-    options: _Options,
+    options: Options,
     capacity: Mapping[str, int],
     unit: int,
 ) -> dict[int, int]:
     """row -> the option it takes, for the row (variant on one type) each job is planned
     on; steps 1-4 of the module docstring."""
-    sizes = (options.gpus // unit).tolist()
-    values = options.value.tolist()
+    units = options.gpus // unit
+    rising = _RisingOptions(units, options.value)
     rows_of: dict[int, list[int]] = {}
     for r, (j, _) in enumerate(rows):
         rows_of.setdefault(j, []).append(r)
@@ -325,21 +342,36 @@ def _assign(
     assigned: dict[int, int] = {}
     stale: set[str] = set()  # types that lost a job since their table was computed
 
-    # Per row and option: the units left on its type after it, and its value (-inf for an
-    # option it cannot have there).
+    # Per row and option: its value, -inf for an option larger than its type.
     room = np.array([capacity[t] for _, t in rows], dtype=np.int64)[:, None]
-    left = room - options.gpus // unit
-    worth = np.where(left >= 0, options.value, -math.inf)
-    left = np.maximum(left, 0)
+    worth = np.where(units <= room, options.value, -math.inf)
+    # The most a row can add to its type, whatever is there already: ``gain`` never exceeds
+    # it, since the best value of the others never grows as they lose units (but for the
+    # rounding of sums of large values: ``could_exceed``).
+    most: list[float] = worth.max(axis=1).tolist()
+
+    def could_exceed(r: int, bar: float) -> bool:
+        programme = programmes[rows[r][1]]
+        total = abs(float(programme.best[programme.capacity]))
+        return most[r] + 1e-12 * (1.0 + total + abs(most[r])) > bar
 
     def gain(r: int) -> float:
+        # Only options worth more than every smaller one can be the best addition, as in
+        # ``_extend``: what is left for the others shrinks with the size.
         programme = programmes[rows[r][1]]
-        top = programme.best
-        return float((top[left[r]] + worth[r]).max()) - float(top[programme.capacity])
+        top, room = programme.best, programme.capacity
+        whole = float(top[room])
+        none, kept = rising[r]
+        best = whole + none
+        for size, value in kept:
+            if size > room:
+                break
+            best = max(best, float(top[room - size]) + value)
+        return best - whole
 
     def add(j: int, r: int) -> None:
         assigned[j] = r
-        programmes[rows[r][1]].add(r, sizes[r], values[r])
+        programmes[rows[r][1]].add(r, rising[r])
 
     queued: list[int] = []
     for j, job in enumerate(jobs):
@@ -348,7 +380,7 @@ def _assign(
             add(j, home_rows[0])
         elif j in rows_of:
             queued.append(j)
-    for j in sorted(queued, key=lambda j: -_regret([float(worth[r].max()) for r in rows_of[j]])):
+    for j in sorted(queued, key=lambda j: -_regret([most[r] for r in rows_of[j]])):
         gains = [(gain(r), -i, r) for i, r in enumerate(rows_of[j])]
         add(j, max(gains)[2])
     # Moves, in sweeps: a type that lost a job is not offered one until its table is
@@ -361,13 +393,16 @@ def _assign(
             others = [r for r in rows_of[j] if r != here]
             if not others:
                 continue
-            worth_here = float(worth[here].max())
-            moves = [(gain(r), r) for r in others if rows[r][1] not in stale]
-            waiting = waiting or len(moves) < len(others)
+            worth_here = most[here]
+            bar = worth_here + 1e-9 * (1.0 + abs(worth_here))
+            offered = [r for r in others if rows[r][1] not in stale]
+            waiting = waiting or len(offered) < len(others)
+            # A row whose most falls short of the bar cannot be the move.
+            moves = [(gain(r), r) for r in offered if could_exceed(r, bar)]
             if not moves:
                 continue
             top_gain, target = max(moves)
-            if top_gain > worth_here + 1e-9 * (1.0 + abs(worth_here)):
+            if top_gain > bar:
                 source = rows[here][1]
                 programmes[source].members.remove(here)
                 stale.add(source)
@@ -375,13 +410,13 @@ def _assign(
         if not (waiting and stale):
             break
         for t in stale:
-            programmes[t].rebuild(sizes, values)
+            programmes[t].rebuild(rising)
         stale.clear()
     for t in stale:
-        programmes[t].rebuild(sizes, values)
+        programmes[t].rebuild(rising)
     chosen: dict[int, int] = {}
     for programme in programmes.values():
-        chosen.update(programme.walk_back(sizes, values, options.preferred))
+        chosen.update(programme.walk_back(units, options.value, options.preferred))
     return chosen
 
 
@@ -394,41 +429,45 @@ def _regret(worths: Sequence[float]) -> float:
     return best - second
 
 
-def _extend(best: FloatArray, sizes: Sequence[int], values: Sequence[float]) -> FloatArray:
-    """The next row of the programme: ``best`` with one more job of these options."""
+# One job's options that can win in a programme: (units, value), ascending in both.
+_Rising = tuple[float, list[tuple[int, float]]]
+
+
+class _RisingOptions:
+    """Per row, option 0's value and the options worth more than every smaller one of the
+    same job, (units, value) ascending in both; worked out for a row when it is first
+    asked for (most rows are never planned on their type).
+
+    A programme's row never falls as units grow (it is the best value with *at most* ``c``
+    units), so an option worth no more than a smaller one never wins there."""
+
+    def __init__(self, sizes: IntArray, value: FloatArray) -> None:
+        self._none: list[float] = value[:, 0].tolist()
+        # Options are in ascending GPUs, padding (-inf) last.
+        keep = value[:, 1:] > np.maximum.accumulate(value, axis=1)[:, :-1]
+        rows, columns = np.nonzero(keep)
+        self._kept = list(
+            zip(sizes[rows, columns + 1].tolist(), value[rows, columns + 1].tolist(), strict=True)
+        )
+        self._ends: list[int] = np.cumsum(keep.sum(axis=1)).tolist()
+
+    def __getitem__(self, row: int) -> _Rising:
+        start = self._ends[row - 1] if row else 0
+        return self._none[row], self._kept[start : self._ends[row]]
+
+
+def _extend(best: FloatArray, options: _Rising, scratch: FloatArray) -> FloatArray:
+    """The next row of the programme: ``best`` with one more job of these options
+    (``scratch``: room for one row, overwritten)."""
     capacity = len(best) - 1
-    row = best + values[0]
-    for size, value in zip(sizes[1:], values[1:], strict=True):
-        if value > -math.inf and size <= capacity:
-            np.maximum(row[size:], best[: capacity + 1 - size] + value, out=row[size:])
+    none, rising = options
+    row = best + none
+    for size, value in rising:
+        if size > capacity:
+            break
+        span = capacity + 1 - size
+        shifted = scratch[:span]
+        np.add(best[:span], value, out=shifted)
+        tail = row[size:]
+        np.maximum(tail, shifted, out=tail)
     return row
-
-
-def _take(options: _Options, rows: npt.NDArray[np.int64]) -> _Options:
-    return _Options(
-        gpus=options.gpus[rows],
-        batches=options.batches[rows],
-        progress=options.progress[rows],
-        utility=options.utility[rows],
-        value=options.value[rows],
-        preferred=[options.preferred[r] for r in rows.tolist()],
-    )
-
-
-def _stack(parts: Sequence[_Options]) -> _Options:
-    """Options of several evaluations as one, padded to the widest with options that do not
-    exist."""
-    width = max(part.gpus.shape[1] for part in parts)
-
-    def pad(array: npt.NDArray[Any], fill: float) -> npt.NDArray[Any]:
-        extra = width - array.shape[1]
-        return np.pad(array, ((0, 0), (0, extra)), constant_values=fill) if extra else array
-
-    return _Options(
-        gpus=np.vstack([pad(p.gpus, 0) for p in parts]),
-        batches=np.vstack([pad(p.batches, 0) for p in parts]),
-        progress=np.vstack([pad(p.progress, 0.0) for p in parts]),
-        utility=np.vstack([pad(p.utility, -math.inf) for p in parts]),
-        value=np.vstack([pad(p.value, -math.inf) for p in parts]),
-        preferred=[k for p in parts for k in p.preferred],
-    )

@@ -32,24 +32,48 @@ def gpu_candidates(
     allowed; capped at ``total_gpus``. The thinning ignores ``total_gpus`` so more GPUs
     never remove a choice.
     """
-    low, high = job.gpu_range
-    if job.local_batch_range is not None:
-        smallest, largest = (
-            (job.base_batch, job.base_batch)
-            if fixed_batch or job.batch_range is None
-            else job.batch_range
-        )
-        local_low, local_high = job.local_batch_range
-        if not job.accumulate:
+    batches = (
+        (job.base_batch, job.base_batch)
+        if fixed_batch or job.batch_range is None
+        else job.batch_range
+    )
+    return _gpu_choices(
+        job.gpu_range,
+        job.gpus_per_learner,
+        batches,
+        job.local_batch_range,
+        job.accumulate,
+        job.current_gpus,
+        total_gpus,
+        gpus_per_node,
+    )
+
+
+# Cached by value: one job's variants on several GPU types, and the same job from one
+# autoscaler pass to the next, ask the same question.
+@lru_cache(maxsize=16384)
+def _gpu_choices(
+    gpu_range: tuple[int, int],
+    step: int,
+    batches: tuple[int, int],
+    local_batch_range: tuple[int, int] | None,
+    accumulate: bool,
+    current: int,
+    total_gpus: int,
+    gpus_per_node: int,
+) -> tuple[int, ...]:
+    low, high = gpu_range
+    if local_batch_range is not None:
+        smallest, largest = batches
+        local_low, local_high = local_batch_range
+        if not accumulate:
             low = max(low, -(-smallest // local_high))
         high = min(high, largest // local_low)
-    step = job.gpus_per_learner
     choices = set(_thinned_multiples(low, high, step, MAX_GPU_CHOICES))
     # A gang on whole nodes packs best and talks least across machines: the geometric
     # spacing alone would skip most of these (on 4-GPU nodes, 1..64 has no 8, 24, 32, 48).
     whole_nodes = math.lcm(step, gpus_per_node)
     choices.update(_thinned_multiples(max(low, whole_nodes), high, whole_nodes, MAX_GPU_CHOICES))
-    current = job.current_gpus
     if current > 0 and current % step == 0 and low <= current <= high:
         choices.add(current)
     return tuple(sorted(g for g in choices if g <= total_gpus))
@@ -96,3 +120,9 @@ def _batch_grid(low: int, high: int, base: int, extra: int, size: int) -> tuple[
         for t in range(1, size - 1):
             picks.add(min(max(round(low * ratio ** (t / (size - 1))), low), high))
     return tuple(sorted(picks))
+
+
+def clear_caches() -> None:
+    """Forget every cached answer, as a fresh process starts (for benchmarks)."""
+    for cached in (_gpu_choices, _thinned_multiples, _batch_grid):
+        cached.cache_clear()

@@ -61,9 +61,9 @@ objectives rescale it at exactly the same gains.
   comparison on measured speeds, fixed-batch yolov3 jobs placed on two GPUs of two machines
   ran 2.5x slower than on one GPU for a day (``docs/simulations``, section 6).
   ``T_j * E_j`` is the job's goodput: the fitted step-time model times the noise-scale
-  efficiency, evaluated for all jobs at once, or, for a job that brings one, its own
-  ``GoodputModel`` (``ffdl.elastic.goodput``: a measured or externally given curve, taken as
-  it is rather than fitted to that form).
+  efficiency, evaluated for all jobs at once (``ffdl.elastic.options``), or, for a job that
+  brings one, its own ``GoodputModel`` (``ffdl.elastic.goodput``: a measured or externally
+  given curve, taken as it is rather than fitted to that form).
 * ``w_j = 1 + priority / 50`` (priority clamped to 0..100, so weights run 1..3 and the
   default priority 50 weighs 2): a priority-100 job's speed-up counts three times a
   priority-0 job's; times the job's ``share_weight``, fairness between tenants
@@ -138,18 +138,19 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 import numpy as np
-import numpy.typing as npt
 
-from ffdl.elastic.accumulation import accumulation_steps, layout
-from ffdl.elastic.choices import DEFAULT_GPUS_PER_NODE, batch_candidates, gpu_candidates
-from ffdl.elastic.efficiency import GradientStats, efficiencies_for, efficiency, noise_scale
+from ffdl.elastic.accumulation import layout
+from ffdl.elastic.choices import DEFAULT_GPUS_PER_NODE
+from ffdl.elastic.efficiency import GradientStats, efficiency
 from ffdl.elastic.goodput import GoodputModel, goodput_at
-from ffdl.elastic.throughput import FloatArray, ThroughputModel, step_times
+from ffdl.elastic.options import REBATCH_IN_PLACE_SHARE as REBATCH_IN_PLACE_SHARE
+from ffdl.elastic.options import Options, evaluate, progress_grid
+from ffdl.elastic.options import priority_weight as priority_weight
+from ffdl.elastic.options import restart_share as restart_share
+from ffdl.elastic.throughput import FloatArray, ThroughputModel
 
 Objective = Literal["throughput", "proportional"]
 OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
-# What a batch-only change of a job that rebatches in place costs, as a share of a restart's.
-REBATCH_IN_PLACE_SHARE = 0.1
 # Relative slack when recognising which option reached the optimum during the walk back.
 _TIE_TOLERANCE = 1e-9
 
@@ -265,20 +266,6 @@ class Plan:
     yielded: tuple[str, ...] = ()
 
 
-def restart_share(job: ElasticJob, restart_penalty: float, restart_cost_s: float | None) -> float:
-    """The share of its current progress a rescale costs ``job``: ``restart_penalty``, or,
-    with ``restart_cost_s`` and the job's age, ``restart_cost_s * (restarts + 1) / (age_s +
-    restart_cost_s)`` (at most 1)."""
-    if restart_cost_s is None or job.age_s is None:
-        return restart_penalty
-    return min(1.0, restart_cost_s * (job.restarts + 1) / (job.age_s + restart_cost_s))
-
-
-def priority_weight(priority: int) -> float:
-    """Objective weight of a job: 1 + priority / 50, priority clamped to 0..100."""
-    return 1.0 + min(max(priority, 0), 100) / 50.0
-
-
 def nodes_for(gpus: int, gpus_per_node: int) -> int:
     """Machines a packed gang of ``gpus`` GPUs spans (at least one)."""
     return max(1, -(-gpus // gpus_per_node))
@@ -302,22 +289,6 @@ def useful_progress(
         return goodput_at(job.goodput, gpus, machines, batch, steps)
     throughput = job.model.throughput(gpus, batch, machines, steps)
     return throughput * efficiency(batch, job.base_batch, job.grad_stats)
-
-
-@dataclass(slots=True)
-class _Options:
-    """Every job's options as (job, option) arrays; option 0 is always "no GPUs".
-
-    Options a job does not have (padding, or GPU counts its batches cannot feed) have a
-    utility and value of ``-inf``.
-    """
-
-    gpus: npt.NDArray[np.int64]
-    batches: npt.NDArray[np.int64]  # 0 where the option runs no GPUs
-    progress: FloatArray  # useful samples per second
-    utility: FloatArray  # weighted, normalised, restart penalty subtracted
-    value: FloatArray  # utility plus the fairness terms: what the DP maximises
-    preferred: list[int]  # option to keep on ties: the current allocation, else 0
 
 
 def optimize(
@@ -358,13 +329,16 @@ def optimize(
     if not jobs:
         return Plan(allocations=(), objective=0.0, changed=())
 
-    options = _evaluate(
+    grid = progress_grid(
         jobs,
         total_gpus,
-        restart_penalty=restart_penalty,
         batch_choices=batch_choices,
         fixed_batch=fixed_batch,
         gpus_per_node=gpus_per_node,
+    )
+    options = evaluate(
+        grid,
+        restart_penalty=restart_penalty,
         restart_cost_s=restart_cost_s,
         proportional=objective == "proportional",
     )
@@ -399,262 +373,8 @@ def optimize(
     )
 
 
-def _evaluate(
-    jobs: Sequence[ElasticJob],
-    total_gpus: int,
-    *,
-    restart_penalty: float,
-    batch_choices: int,
-    fixed_batch: bool,
-    gpus_per_node: int,
-    restart_cost_s: float | None,
-    proportional: bool,
-    anchors: tuple[FloatArray, FloatArray] | None = None,
-    moving: Sequence[bool] | None = None,
-) -> _Options:
-    """Value of every (job, GPU count) option, all jobs at once on a padded grid.
-
-    ``anchors`` (references, current progress), when given, replace each job's own progress
-    on one GPU at ``b0`` and at its current allocation (``ffdl.elastic.by_type``: a job's
-    speed-ups on every GPU type are counted against one reference, and a job that would
-    move to another type pays for leaving the progress it makes on its own). ``moving``
-    marks jobs whose current allocation is elsewhere: every option of theirs is a restart.
-    """
-    gpu_lists = [
-        gpu_candidates(job, total_gpus, fixed_batch=fixed_batch, gpus_per_node=gpus_per_node)
-        for job in jobs
-    ]
-    batch_lists = [
-        batch_candidates(job, batch_choices=batch_choices, fixed_batch=fixed_batch) for job in jobs
-    ]
-    width = max(len(choices) for choices in gpu_lists)
-    depth = max(len(choices) for choices in batch_lists)
-    # Padding is 0, which no real GPU count or batch size is.
-    gpu_grid = np.array([[*c, *([0] * (width - len(c)))] for c in gpu_lists], dtype=np.int64)
-    batch_grid = np.array([[*c, *([0] * (depth - len(c)))] for c in batch_lists], dtype=np.int64)
-    columns = np.array(
-        [
-            (
-                job.model.alpha,
-                job.model.beta,
-                job.model.gamma,
-                job.model.delta,
-                job.base_batch,
-                noise_scale(job.grad_stats) if job.grad_stats is not None else math.inf,
-                priority_weight(job.priority) * job.share_weight,
-                job.current_gpus,
-                job.effective_current_batch,
-                job.local_batch_range[0] if job.local_batch_range else 1,
-                job.local_batch_range[1] if job.local_batch_range else math.inf,
-                1.0 if job.accumulate else 0.0,
-            )
-            for job in jobs
-        ],
-        dtype=np.float64,
-    ).T
-    (
-        alpha, beta, gamma, delta, base, noise, weight, current_gpus, current_batch,
-        local_low, local_high, accumulate,
-    ) = columns  # fmt: skip
-
-    def progress_of(
-        g: FloatArray,
-        b: FloatArray,
-        nodes: FloatArray,
-        steps: FloatArray,
-        params: tuple[FloatArray, ...],
-    ) -> FloatArray:
-        a, be, ga, de, b0, ns = params
-        seconds = step_times(a, be, ga, de, g, b, nodes, steps)
-        result: FloatArray = b / seconds * efficiencies_for(b, b0, ns)
-        return result
-
-    per_job = (alpha, beta, gamma, delta, base, noise)
-    grid_params = tuple(p[:, None, None] for p in per_job)
-    grid_limits = (local_high[:, None, None], accumulate[:, None, None])
-    g = gpu_grid[:, :, None].astype(np.float64)
-    node_grid = _node_grid(jobs, gpu_lists, gpu_grid, gpus_per_node)
-    b = _with_filling_batches(
-        jobs, gpu_grid, batch_grid, (local_low, local_high), fixed_batch=fixed_batch
-    )
-    # Every GPU gets a share of the batch inside its local limits (at least one sample), or
-    # above the maximum in several micro-batches when the job accumulates.
-    share = b / np.maximum(g, 1.0)
-    fits = (share <= grid_limits[0]) | (grid_limits[1] > 0)
-    exists = (g > 0) & (share >= local_low[:, None, None]) & fits
-    steps = accumulation_steps(share, *grid_limits)
-    grid = np.where(
-        exists,
-        progress_of(
-            np.maximum(g, 1.0), np.maximum(b, 1.0), node_grid[:, :, None], steps, grid_params
-        ),
-        -np.inf,
-    )
-    reference_steps = accumulation_steps(base, local_high, accumulate)
-    ones = np.ones_like(base)
-    reference = progress_of(ones, base, ones, reference_steps, per_job)
-    current_steps = accumulation_steps(
-        current_batch / np.maximum(current_gpus, 1.0), local_high, accumulate
-    )
-    current_nodes = np.array([_nodes_now(job, gpus_per_node) for job in jobs], dtype=np.float64)
-    current = progress_of(
-        np.maximum(current_gpus, 1.0), current_batch, current_nodes, current_steps, per_job
-    )
-    for j, job in enumerate(jobs):
-        if job.goodput is not None:
-            grid[j], reference[j], current[j] = _use_own_goodput(
-                job, gpu_grid[j].astype(np.float64), node_grid[j], b[j], steps[j], exists[j],
-                gpus_per_node,
-            )  # fmt: skip
-    if anchors is not None:
-        reference, current = anchors
-    best_index = np.argmax(grid, axis=2)
-    best_progress = np.take_along_axis(grid, best_index[:, :, None], axis=2)[:, :, 0]
-    best_batch = np.take_along_axis(b, best_index[:, :, None], axis=2)[:, :, 0].astype(np.int64)
-
-    running = current_gpus > 0
-    shares = np.array([restart_share(job, restart_penalty, restart_cost_s) for job in jobs])
-    penalty = np.where(running, shares * current / reference, 0.0)
-    utility = weight[:, None] * (best_progress / reference[:, None] - penalty[:, None])
-
-    # Keeping a running job's exact allocation costs no restart.
-    preferred = [0] * len(jobs)
-    stay_jobs, stay_gpus, stay_batches = [], [], []
-    for j, job in enumerate(jobs):
-        if job.running and job.current_gpus in gpu_lists[j] and not (moving and moving[j]):
-            column = gpu_lists[j].index(job.current_gpus)
-            preferred[j] = column + 1
-            if job.rebatch_in_place:
-                utility[j, column] += weight[j] * penalty[j] * (1.0 - REBATCH_IN_PLACE_SHARE)
-            if job.effective_current_batch in batch_lists[j]:
-                stay_jobs.append(j)
-                stay_gpus.append(column)
-                stay_batches.append(batch_lists[j].index(job.effective_current_batch))
-    if stay_jobs:
-        stay_progress = grid[stay_jobs, stay_gpus, stay_batches]
-        stay_utility = weight[stay_jobs] * stay_progress / reference[stay_jobs]
-        better = np.isfinite(stay_progress) & (stay_utility >= utility[stay_jobs, stay_gpus])
-        rows = np.array(stay_jobs)[better]
-        cols = np.array(stay_gpus)[better]
-        utility[rows, cols] = stay_utility[better]
-        best_progress[rows, cols] = stay_progress[better]
-        best_batch[rows, cols] = batch_grid[rows, np.array(stay_batches)[better]]
-
-    none = np.zeros((len(jobs), 1))
-    utility = np.hstack([none, utility])
-    if proportional:
-        utility = weight[:, None] * _log_speedup(utility / weight[:, None])
-    return _Options(
-        gpus=np.hstack([none.astype(np.int64), gpu_grid]),
-        batches=np.hstack([none.astype(np.int64), np.where(exists.any(axis=2), best_batch, 0)]),
-        progress=np.hstack([none, np.where(np.isfinite(best_progress), best_progress, 0.0)]),
-        utility=utility,
-        value=utility.copy(),
-        preferred=preferred,
-    )
-
-
-def _nodes_now(job: ElasticJob, gpus_per_node: int) -> int:
-    if job.running and job.current_nodes is not None:
-        return job.current_nodes
-    return nodes_for(job.current_gpus, gpus_per_node)
-
-
-def _node_grid(
-    jobs: Sequence[ElasticJob],
-    gpu_lists: Sequence[Sequence[int]],
-    gpu_grid: npt.NDArray[np.int64],
-    gpus_per_node: int,
-) -> FloatArray:
-    """The machines each (job, GPU option) runs on: the fewest that hold it, but a running
-    job's current count stays on the machines it has."""
-    nodes: FloatArray = np.maximum(1.0, np.ceil(gpu_grid / gpus_per_node))
-    for j, job in enumerate(jobs):
-        if job.running and job.current_nodes is not None and job.current_gpus in gpu_lists[j]:
-            nodes[j, gpu_lists[j].index(job.current_gpus)] = job.current_nodes
-    return nodes
-
-
-# Below this speed-up the logarithm of the proportional objective goes on as its tangent.
-_LOG_FLOOR = 0.05
-
-
-def _log_speedup(speedup: FloatArray) -> FloatArray:
-    """log of a speed-up, continued below ``_LOG_FLOOR`` by its tangent so that no GPUs (0)
-    and a net loss after a restart's cost stay finite and keep their order."""
-    low = np.log(_LOG_FLOOR) + (speedup - _LOG_FLOOR) / _LOG_FLOOR
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logged = np.log(np.maximum(speedup, _LOG_FLOOR))
-    return np.where(np.isfinite(speedup), np.where(speedup >= _LOG_FLOOR, logged, low), speedup)
-
-
-def _with_filling_batches(
-    jobs: Sequence[ElasticJob],
-    gpu_grid: npt.NDArray[np.int64],
-    batch_grid: npt.NDArray[np.int64],
-    local_limits: tuple[FloatArray, FloatArray],
-    *,
-    fixed_batch: bool,
-) -> FloatArray:
-    """The batches tried for every (job, GPU option), shape (jobs, GPU options, batches): the
-    job's grid, then the largest and the smallest batch of its range whose share per GPU
-    fits that GPU count (see the module docstring)."""
-    ranges = np.array(
-        [
-            (job.base_batch, job.base_batch)
-            if job.batch_range is None or fixed_batch
-            else job.batch_range
-            for job in jobs
-        ],
-        dtype=np.float64,
-    )
-    low, high = ranges[:, :1], ranges[:, 1:]
-    g = np.maximum(gpu_grid.astype(np.float64), 1.0)
-    local_low, local_high = local_limits
-    fullest = np.clip(local_high[:, None] * g, low, high)
-    emptiest = np.clip(local_low[:, None] * g, low, high)
-    grid = np.broadcast_to(
-        batch_grid[:, None, :].astype(np.float64), (*gpu_grid.shape, batch_grid.shape[1])
-    )
-    result: FloatArray = np.concatenate([grid, fullest[:, :, None], emptiest[:, :, None]], axis=2)
-    return result
-
-
-def _use_own_goodput(
-    job: ElasticJob,
-    gpus: FloatArray,
-    nodes: FloatArray,
-    batches: FloatArray,
-    steps: FloatArray,
-    exists: npt.NDArray[np.bool_],
-    gpus_per_node: int,
-) -> tuple[FloatArray, float, float]:
-    """``job``'s row of the option grid (GPU options x batch options), its reference (one
-    GPU at ``b0``) and its current progress, from its own goodput model."""
-    assert job.goodput is not None
-    g = np.broadcast_to(np.maximum(gpus, 1.0)[:, None], exists.shape)
-    b = np.maximum(batches, 1.0)
-    machines = np.broadcast_to(nodes[:, None], exists.shape)
-    row = np.where(exists, job.goodput.goodput(g, machines, b, steps), -np.inf)
-    reference = goodput_at(
-        job.goodput, 1, 1, job.base_batch, job.accumulation_steps(1, job.base_batch)
-    )
-    if reference <= 0:
-        raise ValueError(f"job {job.id}: its goodput on one GPU at its own batch must be > 0")
-    current_gpus = max(job.current_gpus, 1)
-    current_batch = job.effective_current_batch
-    current = goodput_at(
-        job.goodput,
-        current_gpus,
-        _nodes_now(job, gpus_per_node),
-        current_batch,
-        job.accumulation_steps(current_gpus, current_batch),
-    )
-    return row, reference, current
-
-
 def _add_fairness_terms(
-    jobs: Sequence[ElasticJob], options: _Options, fairness_after_s: float, admit_after_s: float
+    jobs: Sequence[ElasticJob], options: Options, fairness_after_s: float, admit_after_s: float
 ) -> list[bool]:
     """Turn the fairness rules into bonuses that dominate every objective difference; the
     running jobs that may be stopped for a starved one."""
@@ -694,7 +414,7 @@ def _add_fairness_terms(
     return [bool(may) for may in preemptible]
 
 
-def _solve(options: _Options, capacity: int, unit: int) -> list[int]:
+def _solve(options: Options, capacity: int, unit: int) -> list[int]:
     """Run the recurrence of the module docstring; return the chosen option per job.
 
     Row ``i`` is only computed up to ``reach[i]``, the most units the first ``i`` jobs can
