@@ -254,3 +254,82 @@ def test_never_fits_agrees_with_placing_on_the_empty_cluster(
     assert (reason is None) == bool(decisions.starts)
     if reason is not None:
         assert decisions.waiting[0].reason == reason
+
+
+def _full_scan_pack(state: FreeState, gang: QueuedJob) -> list[tuple[str, int]] | None:
+    """Pack as it was written before the scan could stop inside a level: every node of
+    every level visited down to the one that settles the node count."""
+    from ffdl.scheduler.placement import _eligible_slots, _needed
+
+    pool = state.pool_for(())
+    assert pool is not None
+    per, learners, gpus = gang.per_learner, gang.learners, gang.per_learner.gpus
+    if pool.top >= learners * gpus:
+        for _level, name in pool.ascending(learners * gpus):
+            if _eligible_slots(state, name, per, (), None) >= learners:
+                return [(name, learners)]
+    collected: list[tuple[int, int, str]] = []
+    total, lowest = 0, pool.top + 1
+    for level in range(pool.top, gpus - 1, -1):
+        for name in pool.levels[level]:
+            slots = _eligible_slots(state, name, per, (), None)
+            if slots > 0:
+                collected.append((slots, level, name))
+                total += slots
+        lowest = level
+        if total >= learners:
+            collected.sort(key=lambda c: -c[0])
+            if collected[_needed(collected, learners) - 1][0] >= (level - 1) // gpus:
+                break
+    if total < learners:
+        return None
+    collected.sort(key=lambda c: -c[0])
+    needed = _needed(collected, learners)
+    chosen = collected[: needed - 1]
+    remaining = learners - sum(slots for slots, _level, _name in chosen)
+    best: tuple[int, str] | None = None
+    for slots, level, name in collected[needed - 1 :]:
+        if slots >= remaining and (best is None or level < best[0]):
+            best = (level, name)
+    for level, name in pool.ascending(remaining * gpus, lowest - 1):
+        if best is not None and level >= best[0]:
+            break
+        if _eligible_slots(state, name, per, (), None) >= remaining:
+            best = (level, name)
+            break
+    assert best is not None
+    return [(name, slots) for slots, _level, name in chosen] + [(best[1], remaining)]
+
+
+@st.composite
+def crowded_levels(draw: st.DrawFn) -> tuple[tuple[Node, ...], tuple[RunningJob, ...]]:
+    """Many 8-GPU nodes sharing few free-GPU levels, some short of CPUs (so nodes of one
+    level hold different numbers of learners)."""
+    nodes, running = [], []
+    for index in range(draw(st.integers(1, 40))):
+        name = f"n{index:02d}"
+        nodes.append(Node(name, 8, draw(st.sampled_from([64.0, 64.0, 8.0, 4.0])), 1 << 20))
+        used = draw(st.sampled_from([0, 0, 0, 4, 6]))
+        if used:
+            running.append(hold(name, tuple(range(used))))
+    return tuple(nodes), tuple(running)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    crowded_levels(),
+    st.integers(1, 12),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([1.0, 2.0]),
+)
+def test_pack_stops_inside_a_crowded_level_only_where_the_rest_changes_nothing(
+    cluster: tuple[tuple[Node, ...], tuple[RunningJob, ...]],
+    learners: int,
+    gpus: int,
+    cpus: float,
+) -> None:
+    nodes, running = cluster
+    gang = job(learners, gpus, cpus)
+    assert find_nodes(FreeState(nodes, running), gang, PACK) == _full_scan_pack(
+        FreeState(nodes, running), gang
+    )

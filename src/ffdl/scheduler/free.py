@@ -79,23 +79,30 @@ def compute_free(nodes: Sequence[Node], running: Iterable[RunningJob]) -> dict[s
     then the smaller of "capacity minus counts" and "ids nobody holds", so a GPU is never
     handed out twice. Placements on nodes that are no longer known are ignored.
     """
-    free = {node.name: NodeFree(node, node.gpus, node.cpus, node.memory_mb) for node in nodes}
+    free = {
+        node.name: NodeFree(node, node.gpus, node.cpus, node.memory_mb, [*range(node.gpus)])
+        for node in nodes
+    }
     used_ids: dict[str, set[int]] = {}
+    held: set[str] = set()
     for job in running:
         per = job.per_learner
         for learner in job.placement.learners:
             item = free.get(learner.node)
             if item is None:
                 continue
+            held.add(learner.node)
             item.gpus -= per.gpus
             item.cpus -= per.cpus
             item.memory_mb -= per.memory_mb
             if learner.gpu_ids:
                 used_ids.setdefault(learner.node, set()).update(learner.gpu_ids)
-    for name, item in free.items():
+    # Only nodes something runs on differ from their capacity (most, on a large cluster).
+    for name in held:
+        item = free[name]
         used = used_ids.get(name)
-        capacity = item.node.gpus
-        item.gpu_ids = [g for g in range(capacity) if g not in used] if used else [*range(capacity)]
+        if used:
+            item.gpu_ids = [g for g in item.gpu_ids if g not in used]
         item.gpus = min(item.gpus, len(item.gpu_ids))
     return free
 
@@ -187,27 +194,35 @@ class CapacityView:
 
     def __init__(self, free: dict[str, NodeFree]) -> None:
         self.free = free
-        schedulable = [f for f in free.values() if f.node.schedulable]
         # Nodes out of service (drained): they take nothing, but a queued job's reason names
         # them when they could hold it.
-        self.drained = [f.node for f in free.values() if not f.node.schedulable]
+        self.drained: list[Node] = []
+        schedulable: list[NodeFree] = []
+        by_type: dict[str, list[NodeFree]] = {}
+        max_gpus = 0
+        for item in free.values():  # one pass: every scheduling pass builds this anew
+            node = item.node
+            if not node.schedulable:
+                self.drained.append(node)
+                continue
+            schedulable.append(item)
+            by_type.setdefault(node.gpu_type, []).append(item)
+            if node.gpus > max_gpus:
+                max_gpus = node.gpus
         # A cluster of hosts without GPUs, whose "GPUs" are CPU slots (reasons say so).
         self.cpu_slots_only = bool(free) and all(
             f.node.gpu_type == CPU_SLOTS for f in free.values()
         )
-        self._max_gpus = max((f.node.gpus for f in schedulable), default=0)
+        self._max_gpus = max_gpus
         self.all = Pool(self._max_gpus)
         self.all.add_all(schedulable)
-        by_type: dict[str, list[NodeFree]] = {}
-        for item in schedulable:
-            by_type.setdefault(item.node.gpu_type, []).append(item)
         self._by_type: dict[str, Pool] = {}
-        self._memberships: dict[str, list[Pool]] = {}
         for gpu_type, items in by_type.items():
-            pool = self._by_type[gpu_type] = Pool(self._max_gpus)
-            pool.add_all(items)
-            for item in items:
-                self._memberships[item.node.name] = [self.all, pool]
+            self._by_type[gpu_type] = Pool(self._max_gpus)
+            self._by_type[gpu_type].add_all(items)
+        # Pools a node is in beyond the whole cluster's and its type's (label groups, sets
+        # of types), added as they are built.
+        self._extra_pools: dict[str, list[Pool]] = {}
         self._by_label: dict[str, dict[str, Pool]] = {}
         self._by_types: dict[tuple[str, ...], Pool | None] = {}
         self.version = 0
@@ -240,7 +255,7 @@ class CapacityView:
                 pool = Pool(self._max_gpus)
                 pool.add_all(items)
                 for item in items:
-                    self._memberships[item.node.name].append(pool)
+                    self._extra_pools.setdefault(item.node.name, []).append(pool)
             self._by_types[key] = pool
         return self._by_types[key]
 
@@ -259,7 +274,7 @@ class CapacityView:
                 pool = groups[value] = Pool(self._max_gpus)
                 pool.add_all(members[value])
                 for item in members[value]:
-                    self._memberships[item.node.name].append(pool)
+                    self._extra_pools.setdefault(item.node.name, []).append(pool)
             self._by_label[key] = groups
         return groups
 
@@ -267,8 +282,11 @@ class CapacityView:
         item = self.free[name]
         before = (item.gpus, item.cpus, item.memory_mb)
         item.gpus, item.cpus, item.memory_mb = gpus, cpus, memory_mb
-        for pool in self._memberships.get(name, ()):
-            pool.move(name, before, item)
+        if item.node.schedulable:
+            self.all.move(name, before, item)
+            self._by_type[item.node.gpu_type].move(name, before, item)
+            for pool in self._extra_pools.get(name, ()):
+                pool.move(name, before, item)
         self.version += 1
 
     def subtract(self, name: str, amount: Resources) -> None:

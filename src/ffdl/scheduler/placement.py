@@ -199,12 +199,22 @@ def _pack_by_gpus(
     total = 0
     lowest_visited = pool.top + 1
     for level in range(pool.top, gpus - 1, -1):
+        lowest_visited = level
+        # Thousands of empty nodes may share a level. Once ``learners`` of them hold the
+        # most any node here can (``full``), the rest of the level changes nothing: sorted
+        # largest first (stably, so unseen nodes would come after these), the fewest nodes
+        # that hold the gang are among those seen, and the last full one seen is at or
+        # past them, holding the remainder if any node of this level can.
+        most, full = level // gpus, 0
         for name in pool.levels[level]:
             slots = _eligible_slots(view, name, per, gpu_types, excluded)
             if slots > 0:
                 collected.append((slots, level, name))
                 total += slots
-        lowest_visited = level
+                if slots == most:
+                    full += 1
+                    if full >= learners:
+                        break
         if total >= learners:
             collected.sort(key=lambda c: -c[0])
             needed = _needed(collected, learners)
@@ -316,30 +326,24 @@ class ClusterShape:
 
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.nodes = tuple(nodes)
-        self.classes = self._count(self.nodes)
-        self.schedulable = self._schedulable_names(self.nodes)
+        self.classes, self.schedulable = self._group(self.nodes)
         self._by_label: dict[str, dict[str, dict[_NodeClass, int]]] = {}
         self._names_by_label: dict[str, dict[str, dict[_NodeClass, list[str]]]] = {}
 
     @staticmethod
-    def _class_of(node: Node) -> _NodeClass:
-        return _NodeClass(node.gpus, node.cpus, node.memory_mb, node.gpu_type)
-
-    @classmethod
-    def _count(cls, nodes: Sequence[Node]) -> dict[_NodeClass, int]:
+    def _group(
+        nodes: Sequence[Node],
+    ) -> tuple[dict[_NodeClass, int], dict[_NodeClass, list[str]]]:
+        """Nodes per class, and the schedulable ones' names per class (one pass: every
+        scheduling pass groups the whole cluster)."""
         classes: dict[_NodeClass, int] = {}
-        for node in nodes:
-            key = cls._class_of(node)
-            classes[key] = classes.get(key, 0) + 1
-        return classes
-
-    @classmethod
-    def _schedulable_names(cls, nodes: Sequence[Node]) -> dict[_NodeClass, list[str]]:
         names: dict[_NodeClass, list[str]] = {}
         for node in nodes:
+            key = _NodeClass(node.gpus, node.cpus, node.memory_mb, node.gpu_type)
+            classes[key] = classes.get(key, 0) + 1
             if node.schedulable:
-                names.setdefault(cls._class_of(node), []).append(node.name)
-        return names
+                names.setdefault(key, []).append(node.name)
+        return classes, names
 
     def label_classes(self, key: str) -> dict[str, dict[_NodeClass, int]]:
         groups = self._by_label.get(key)
@@ -349,11 +353,10 @@ class ClusterShape:
                 value = node.labels.get(key)
                 if value is not None:
                     members.setdefault(value, []).append(node)
-            groups = {value: self._count(members[value]) for value in sorted(members)}
+            grouped = {value: self._group(members[value]) for value in sorted(members)}
+            groups = {value: classes for value, (classes, _names) in grouped.items()}
             self._by_label[key] = groups
-            self._names_by_label[key] = {
-                value: self._schedulable_names(members[value]) for value in sorted(members)
-            }
+            self._names_by_label[key] = {value: names for value, (_c, names) in grouped.items()}
         return groups
 
     def label_names(self, key: str) -> dict[str, dict[_NodeClass, list[str]]]:

@@ -1,14 +1,19 @@
 """Turning stored jobs (ORM objects or plain rows with the same columns) into the
-scheduler's snapshot types."""
+scheduler's snapshot types, and remembering running jobs from one pass to the next."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
+
+from sqlalchemy import Text, cast
 
 from ffdl.core.manifest import Manifest
 from ffdl.core.resources import Placement, Resources
 from ffdl.scheduler.snapshot import QueuedJob, RunningJob
+from ffdl.server.store.models import Job
 
 
 def epoch(value: datetime | None) -> float:
@@ -69,4 +74,66 @@ def running_job(row: Any) -> RunningJob:
         estimated_end_at=row.estimated_end_at,
         # Elastic jobs are shrunk by the autoscaler to make room, never preempted.
         preemptible=not row.elastic,
+    )
+
+
+# A running job as the scheduler loop reads it every pass: plain values only, its times and
+# placement as the database's text, so that a row unchanged since the last pass is known by
+# equality and its ``RunningJob`` kept without parsing anything again.
+RUNNING_COLUMNS = (
+    Job.id,
+    Job.tenant_id,
+    Job.priority,
+    cast(Job.started_at, Text),
+    cast(Job.status_changed_at, Text),
+    Job.learners,
+    Job.gpus,
+    Job.cpus,
+    Job.memory_mb,
+    cast(Job.placement, Text),
+    Job.expected_duration_s,
+    Job.estimated_end_at,
+    Job.elastic,
+)
+
+
+class RunningJobs:
+    """The running jobs of the last pass, by id, with the row each was made from.
+
+    With thousands of jobs running, parsing every row's times and placement each pass cost
+    more than the scheduling itself; most rows do not change between two passes.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[Sequence[Any], RunningJob]] = {}
+
+    def update(self, rows: Iterable[Sequence[Any]]) -> tuple[RunningJob, ...]:
+        """The running jobs of ``rows`` (``RUNNING_COLUMNS``); forgets the others."""
+        known: dict[str, tuple[Sequence[Any], RunningJob]] = {}
+        for row in rows:
+            entry = self._known.get(row[0])
+            if entry is None or entry[0] != row:
+                entry = (row, _running_from_text(row))
+            known[row[0]] = entry
+        self._known = known
+        return tuple(job for _row, job in known.values())
+
+
+def _running_from_text(row: Sequence[Any]) -> RunningJob:
+    (
+        job_id, tenant, priority, started_at, changed_at, learners, gpus, cpus, memory_mb,
+        placement, expected_duration_s, estimated_end_at, elastic,
+    ) = row  # fmt: skip
+    return RunningJob(
+        id=job_id,
+        tenant=tenant,
+        priority=priority,
+        started_at=epoch(datetime.fromisoformat(started_at or changed_at)),
+        learners=learners,
+        per_learner=Resources(gpus, cpus, memory_mb),
+        placement=Placement.from_json(json.loads(placement) if placement else []),
+        expected_duration_s=expected_duration_s,
+        estimated_end_at=estimated_end_at,
+        # Elastic jobs are shrunk by the autoscaler to make room, never preempted.
+        preemptible=not elastic,
     )

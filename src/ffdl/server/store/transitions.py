@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import StatusChanged
@@ -159,18 +159,23 @@ def set_learner_status(
     return event
 
 
+# Built once: a pass that moves hundreds of jobs spent more building these than running them.
+_LOCK_JOB = select(Job.id).where(Job.id == bindparam("row_id")).with_for_update()
+_JOB_STATUS = select(Job.status).where(Job.id == bindparam("row_id")).with_for_update()
+_LEARNER_STATUS = select(Learner.status).where(Learner.id == bindparam("row_id")).with_for_update()
+
+
 def _compare_and_lock(session: Session, row: Job | Learner, what: str) -> None:
     """Lock ``row`` and check that its stored status is still the one it was read with."""
     if row in session.new or row.id is None:
         return  # created in this transaction: nobody else can have moved it
-    model = type(row)
     if isinstance(row, Learner):
         # The job's row first, as for every write of a job's records: its events then get
         # their ids in commit order, and the lock order (job, then learner) is the same
         # everywhere.
-        session.execute(select(Job.id).where(Job.id == row.job_id).with_for_update())
-    stored = session.execute(
-        select(model.status).where(model.id == row.id).with_for_update()
-    ).scalar_one_or_none()
+        session.execute(_LOCK_JOB, {"row_id": row.job_id})
+        stored = session.execute(_LEARNER_STATUS, {"row_id": row.id}).scalar_one_or_none()
+    else:
+        stored = session.execute(_JOB_STATUS, {"row_id": row.id}).scalar_one_or_none()
     if stored is not None and stored != row.status:
         raise StatusChanged(what, row.status, stored)
