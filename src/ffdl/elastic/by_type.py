@@ -183,7 +183,7 @@ def optimize_types(
     capacity = {t: gpus_by_type[t] // unit for _, t in rows}
     chosen = _assign(jobs, rows, options, capacity, unit)
 
-    planned = [(j, r, k) for r, k in chosen.items() for j in (rows[r][0],)]
+    planned = [(rows[r][0], r, k) for r, k in chosen.items()]  # (job, row, option)
     at_row = np.array([r for _, r, _ in planned], dtype=np.int64)
     at_option = np.array([k for _, _, k in planned], dtype=np.int64)
     outcome = {

@@ -364,6 +364,21 @@ class ClusterShape:
         return self._names_by_label[key]
 
 
+_last_shape: ClusterShape | None = None
+
+
+def cluster_shape(nodes: Sequence[Node]) -> ClusterShape:
+    """``ClusterShape(nodes)``, the last one again while the nodes are the same: a cluster
+    of thousands of nodes rarely changes between two scheduling passes, and comparing the
+    nodes (the same objects, mostly) costs a small part of grouping them."""
+    global _last_shape
+    last = _last_shape
+    nodes = tuple(nodes)
+    if last is None or last.nodes != nodes:
+        last = _last_shape = ClusterShape(nodes)
+    return last
+
+
 def _typed(classes: dict[_NodeClass, int], gpu_types: tuple[str, ...]) -> dict[_NodeClass, int]:
     if not gpu_types:
         return classes

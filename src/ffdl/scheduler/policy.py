@@ -46,8 +46,8 @@ from ffdl.scheduler.eta import (
 from ffdl.scheduler.free import FreeState
 from ffdl.scheduler.placement import (
     Choice,
-    ClusterShape,
     assign,
+    cluster_shape,
     effective_policy,
     find_nodes,
     never_fits,
@@ -167,7 +167,7 @@ class _Pass:
         self.preemption = preemption
         self.aging_threshold_s = aging_threshold_s
         self.state = FreeState(snapshot.nodes, snapshot.running)
-        self.shape = ClusterShape(snapshot.nodes)
+        self.shape = cluster_shape(snapshot.nodes)
         self.quota = QuotaBook(snapshot.quotas, snapshot.running, snapshot.typical_duration_s)
         self.overdrafts = overdrafts(snapshot.quotas, snapshot.running)
         self._victim_index: VictimIndex | None = None  # built on first preemption
