@@ -187,19 +187,16 @@ def progress_grid(
         each("current_nodes"),
         np.maximum(1.0, np.ceil(g / per_node[job_of])),
     )
-    local_low, local_high, accumulate = each("local_low"), each("local_high"), each("accumulate")
+    pair_low, pair_high = each("local_low"), each("local_high")
     b = _with_filling_batches(
-        g,
-        batch_grid[job_of],
-        (each("batch_low"), each("batch_high")),
-        (local_low, local_high),
+        g, batch_grid[job_of], (each("batch_low"), each("batch_high")), (pair_low, pair_high)
     )
     # Every GPU gets a share of the batch inside its local limits (at least one sample), or
     # above the maximum in several micro-batches when the job accumulates.
     share = b / g[:, None]
-    high2, accumulate2 = local_high[:, None], accumulate[:, None]
-    exists = (share >= local_low[:, None]) & ((share <= high2) | (accumulate2 > 0))
-    steps = accumulation_steps(share, high2, accumulate2)
+    high, accumulates = pair_high[:, None], each("accumulate")[:, None]
+    exists = (share >= pair_low[:, None]) & ((share <= high) | (accumulates > 0))
+    steps = accumulation_steps(share, high, accumulates)
     # The exchange's cost depends on the GPUs and machines only: once per pair.
     sync = np.where(g > 1, each("gamma") * np.log2(g) + each("delta") * (nodes - 1.0), 0.0)
     seconds = each("alpha")[:, None] * steps + each("beta")[:, None] * share + sync[:, None]
