@@ -6,11 +6,12 @@ running jobs and the nodes from the database (``SchedulerLoop.snapshot``), decid
 (``SchedulerLoop.apply``). The cluster is 10,000 declared nodes of 8 GPUs (a rack label
 every 40) holding 2,000 one-GPU jobs; before each pass, 50 jobs are submitted (one to
 eight GPUs per learner, one or two learners: a two-learner job of 8 GPUs each spans two
-nodes), as a busy fleet sees between two passes. The database is a real SQLite file (or
-PostgreSQL with ``--database-url``); the nodes come from the test double backend, which
-only lists them. Printed: the pass's p50 and p99 and each part's, in milliseconds.
+nodes), as a busy fleet sees between two passes. The database is a real SQLite file (or a
+PostgreSQL server the benchmark starts, ``--database postgresql``); the nodes come from the
+test double backend, which only lists them. Printed: the pass's p50 and p99 and each
+part's, in milliseconds.
 
-Run: ``python benchmarks/bench_scheduler_pass.py [--passes 40] [--database-url URL]``.
+Run: ``python benchmarks/bench_scheduler_pass.py [--passes 40] [--database postgresql]``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,9 +35,14 @@ from ffdl.server.loops import scheduler as scheduler_loop
 from ffdl.server.platform import Platform
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
-from ffdl.server.store.models import Job, Tenant, User
-from ffdl.server.store.schema import upgrade
+from ffdl.server.store.models import Job
 from ffdl.server.store.transitions import utcnow
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.server.factories import DATABASES, job_row, make_store  # noqa: E402
 
 GOAL_P99_MS = 200.0
 NODES = 10_000
@@ -46,42 +53,16 @@ SECRET = b"b" * 32
 T = TypeVar("T")
 
 
-def _job(job_id: str, status: JobStatus, **fields: Any) -> Job:
-    now = utcnow()
-    values: dict[str, Any] = {
-        "id": job_id,
-        "tenant_id": "bench",
-        "user_id": "bench",
-        "name": job_id,
-        "manifest": {"name": job_id, "framework": {"name": "custom", "command": "true"}},
-        "status": status.value,
-        "learners": 1,
-        "gpus": 1,
-        "cpus": 1.0,
-        "memory_mb": 1024,
-        "submitted_at": now,
-        "status_changed_at": now,
-    }
-    values.update(fields)
-    return Job(**values)
-
-
 def seed(store: Store, nodes: list[Node]) -> None:
-    with store.write() as session:
-        session.add(Tenant(id="bench", name="bench", created_at=utcnow()))
-        session.flush()
-        session.add(
-            User(id="bench", tenant_id="bench", name="bench", role="member", created_at=utcnow())
-        )
     with store.write() as session:
         for index in range(RUNNING):
             node = nodes[index % len(nodes)]
             gpu = index // len(nodes) % GPUS_PER_NODE
             placement = Placement((LearnerPlacement(1, node.name, (gpu,)),))
             session.add(
-                _job(
+                job_row(
                     f"running-{index:05d}",
-                    JobStatus.PROCESSING,
+                    status=JobStatus.PROCESSING.value,
                     placement=placement.to_json(),
                     started_at=utcnow(),
                 )
@@ -93,9 +74,8 @@ def submit(store: Store, rng: random.Random, first: int) -> None:
         for index in range(first, first + ARRIVALS):
             gpus = rng.choice((1, 2, 4, 8))
             session.add(
-                _job(
+                job_row(
                     f"queued-{index:06d}",
-                    JobStatus.QUEUED,
                     gpus=gpus,
                     learners=rng.choice((1, 1, 2)),
                     cpus=float(gpus),
@@ -122,16 +102,14 @@ def _p50_p99(samples: list[float]) -> tuple[float, float]:
 def main() -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--passes", type=int, default=40)
-    parser.add_argument("--database-url", default=None)
+    parser.add_argument("--database", choices=DATABASES, default="sqlite")
     args, _ = parser.parse_known_args()
     if args.passes < 1:
         parser.error("--passes must be at least 1")
 
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        url = args.database_url or f"sqlite:///{home / 'ffdl.db'}"
-        store = Store(url)
-        upgrade(store)
+        store = make_store(home, args.database)
         nodes = [
             Node(
                 name=f"node-{index:05d}",

@@ -62,18 +62,44 @@ def queued_job(row: Any, *, learners: int | None = None, gpu_type: str | None = 
 
 
 def running_job(row: Any) -> RunningJob:
+    return _running(
+        row.id,
+        row.tenant_id,
+        row.priority,
+        epoch(row.started_at or row.status_changed_at),
+        row.learners,
+        Resources(row.gpus, row.cpus, row.memory_mb),
+        row.placement or [],
+        row.expected_duration_s,
+        row.estimated_end_at,
+        row.elastic,
+    )
+
+
+def _running(
+    job_id: str,
+    tenant: str,
+    priority: int,
+    started_at: float,
+    learners: int,
+    per_learner: Resources,
+    placement: list[dict[str, object]],
+    expected_duration_s: float | None,
+    estimated_end_at: float | None,
+    elastic: bool,
+) -> RunningJob:
     return RunningJob(
-        id=row.id,
-        tenant=row.tenant_id,
-        priority=row.priority,
-        started_at=epoch(row.started_at or row.status_changed_at),
-        learners=row.learners,
-        per_learner=Resources(row.gpus, row.cpus, row.memory_mb),
-        placement=Placement.from_json(row.placement or []),
-        expected_duration_s=row.expected_duration_s,
-        estimated_end_at=row.estimated_end_at,
+        id=job_id,
+        tenant=tenant,
+        priority=priority,
+        started_at=started_at,
+        learners=learners,
+        per_learner=per_learner,
+        placement=Placement.from_json(placement),
+        expected_duration_s=expected_duration_s,
+        estimated_end_at=estimated_end_at,
         # Elastic jobs are shrunk by the autoscaler to make room, never preempted.
-        preemptible=not row.elastic,
+        preemptible=not elastic,
     )
 
 
@@ -124,16 +150,15 @@ def _running_from_text(row: Sequence[Any]) -> RunningJob:
         job_id, tenant, priority, started_at, changed_at, learners, gpus, cpus, memory_mb,
         placement, expected_duration_s, estimated_end_at, elastic,
     ) = row  # fmt: skip
-    return RunningJob(
-        id=job_id,
-        tenant=tenant,
-        priority=priority,
-        started_at=epoch(datetime.fromisoformat(started_at or changed_at)),
-        learners=learners,
-        per_learner=Resources(gpus, cpus, memory_mb),
-        placement=Placement.from_json(json.loads(placement) if placement else []),
-        expected_duration_s=expected_duration_s,
-        estimated_end_at=estimated_end_at,
-        # Elastic jobs are shrunk by the autoscaler to make room, never preempted.
-        preemptible=not elastic,
+    return _running(
+        job_id,
+        tenant,
+        priority,
+        epoch(datetime.fromisoformat(started_at or changed_at)),
+        learners,
+        Resources(gpus, cpus, memory_mb),
+        json.loads(placement) if placement else [],
+        expected_duration_s,
+        estimated_end_at,
+        elastic,
     )
