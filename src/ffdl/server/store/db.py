@@ -65,6 +65,12 @@ IMMEDIATE = {SQLITE_BEGIN: "IMMEDIATE"}
 PG_POOL_SIZE = 5
 PG_MAX_OVERFLOW = 20
 PG_CONNECT_TIMEOUT_S = 10
+# A transaction left open this long by its process is ended by the server. A replica frozen
+# (SIGSTOP, a long pause) inside a transaction otherwise keeps its row locks for as long as
+# it is frozen, a loop's lease row among them, and no other replica can take that loop.
+# Work inside a transaction never waits on anything but the database, so nothing else
+# comes near this.
+PG_IDLE_IN_TRANSACTION_S = 10
 # As long as SQLite's own busy timeout (``PRAGMA busy_timeout``).
 WAL_SWITCH_TIMEOUT_S = 30.0
 
@@ -162,6 +168,9 @@ def _postgres_engine(url: URL) -> Engine:
         connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
     if "application_name" not in url.query:
         connect_args["application_name"] = "ffdl"
+    if "options" not in url.query:
+        idle_ms = PG_IDLE_IN_TRANSACTION_S * 1000
+        connect_args["options"] = f"-c idle_in_transaction_session_timeout={idle_ms}"
     try:
         return create_engine(
             url,
