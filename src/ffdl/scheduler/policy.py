@@ -43,7 +43,7 @@ from ffdl.scheduler.eta import (
     reservation_words,
     reserve,
 )
-from ffdl.scheduler.free import FreeState
+from ffdl.scheduler.free import FreeState, KeptFree
 from ffdl.scheduler.placement import (
     Choice,
     assign,
@@ -102,15 +102,19 @@ def schedule(
     preemption: bool = True,
     aging_threshold_s: float = DEFAULT_AGING_THRESHOLD_S,
     max_preemptors: int = DEFAULT_MAX_PREEMPTORS,
+    kept: KeptFree | None = None,
 ) -> Decisions:
     """Decide which queued jobs start where, which running jobs to preempt, and why the
-    others wait. Pure: the same snapshot always gives the same decisions."""
+    others wait. Pure: the same snapshot always gives the same decisions. A loop that
+    schedules pass after pass passes its ``KeptFree`` as ``kept``: the decisions are the
+    same, and the free capacity is brought up to date instead of built again."""
     return plan(
         snapshot,
         backfill=backfill,
         preemption=preemption,
         aging_threshold_s=aging_threshold_s,
         max_preemptors=max_preemptors,
+        kept=kept,
     ).decisions
 
 
@@ -121,6 +125,7 @@ def plan(
     preemption: bool = True,
     aging_threshold_s: float = DEFAULT_AGING_THRESHOLD_S,
     max_preemptors: int = DEFAULT_MAX_PREEMPTORS,
+    kept: KeptFree | None = None,
 ) -> Plan:
     """``schedule`` with the head's reservation and the borrowing starts."""
     # A pass allocates tens of thousands of short-lived objects and makes no reference
@@ -129,7 +134,7 @@ def plan(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _Pass(snapshot, backfill, preemption, aging_threshold_s, max_preemptors).run()
+        return _Pass(snapshot, backfill, preemption, aging_threshold_s, max_preemptors, kept).run()
     finally:
         if collecting:
             gc.enable()
@@ -159,6 +164,7 @@ class _Pass:
         preemption: bool,
         aging_threshold_s: float,
         max_preemptors: int,
+        kept: KeptFree | None,
     ) -> None:
         self.max_preemptors = max_preemptors
         self.snap = snapshot
@@ -166,7 +172,11 @@ class _Pass:
         self.backfill = backfill
         self.preemption = preemption
         self.aging_threshold_s = aging_threshold_s
-        self.state = FreeState(snapshot.nodes, snapshot.running)
+        self.state = (
+            FreeState(snapshot.nodes, snapshot.running)
+            if kept is None
+            else kept.state(snapshot.nodes, snapshot.running)
+        )
         self.shape = cluster_shape(snapshot.nodes)
         self.quota = QuotaBook(snapshot.quotas, snapshot.running, snapshot.typical_duration_s)
         self.overdrafts = overdrafts(snapshot.quotas, snapshot.running)

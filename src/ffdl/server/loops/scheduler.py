@@ -7,10 +7,12 @@ snapshot until its ``not_before``: it keeps the reason its restart gave it.
 While the backend has a problem (``Backend.problem``: its cluster is unreachable, say) the
 loop starts and preempts nothing: every queued job keeps its position and shows that
 problem as its reason, and scheduling resumes on the first pass after it clears.
-The snapshot reads plain columns (no ORM objects, no manifests), keeps the running jobs it
-read unchanged last pass (``RunningJobs``), and the loop only writes queue information that
-changed since it last wrote it and starts its jobs in one read, so a pass over thousands of
-queued and running jobs on thousands of nodes stays cheap (``docs/scale.md``).
+The snapshot reads plain columns (no ORM objects, no manifests) and keeps the running jobs
+it read unchanged last pass (``RunningJobs``); the free capacity is kept too, and only the
+nodes of jobs that changed are recomputed (``KeptFree``); the loop only writes queue
+information that changed since it last wrote it and starts its jobs in one read, so a pass
+over thousands of queued and running jobs on thousands of nodes stays cheap
+(``docs/scale.md``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from sqlalchemy import Table, bindparam, func, select, update
 
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
+from ffdl.scheduler.free import KeptFree
 from ffdl.scheduler.policy import schedule
 from ffdl.scheduler.snapshot import Decisions, Snapshot, TenantQuota, Waiting
 from ffdl.server.platform import Platform
@@ -82,6 +85,7 @@ class SchedulerLoop:
         # job id -> (status_changed_at, queue info) as last written by this process
         self._written: dict[str, tuple[datetime, QueueInfo]] = {}
         self._running = RunningJobs()
+        self._free = KeptFree()
 
     def __call__(self) -> None:
         problem = self._platform.backend.problem()
@@ -89,7 +93,7 @@ class SchedulerLoop:
         if not snapshot.queued:
             self._written.clear()
             return
-        decisions = schedule(snapshot)
+        decisions = schedule(snapshot, kept=self._free)
         if problem is not None:
             decisions = _held_back(decisions, problem)
         if self.apply(decisions, snapshot.now, changed_at):
