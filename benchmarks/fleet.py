@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -576,6 +577,15 @@ def print_runs(runs: list[Run]) -> None:
         )
 
 
+def keep_logs(tmp: Path, into: Path) -> None:
+    """Copy a run's replica logs and the harness's log before its directory goes."""
+    into.mkdir(parents=True, exist_ok=True)
+    for log in [*sorted((tmp / "home").glob("r*.log")), tmp / "harness.log"]:
+        if log.exists():
+            shutil.copy(log, into / log.name)
+    print(f"logs kept in {into}", flush=True)
+
+
 def main() -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", default="100,1000,10000")
@@ -587,6 +597,9 @@ def main() -> dict[str, float]:
     parser.add_argument("--lines-per-s", type=float, default=2.0)
     parser.add_argument("--metrics-per-s", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--logs", type=Path, default=None, help="keep each run's replica and harness logs here"
+    )
     args, _ = parser.parse_known_args()
     try:
         node_counts = [int(n) for n in args.nodes.split(",")]
@@ -603,7 +616,15 @@ def main() -> dict[str, float]:
             for setup in setups:
                 print(f"running {setup.label}, {nodes} nodes, {stored} jobs stored ...", flush=True)
                 with tempfile.TemporaryDirectory() as tmp:
-                    runs.append(Fleet(args, setup, nodes, stored).run(Path(tmp)))
+                    try:
+                        runs.append(Fleet(args, setup, nodes, stored).run(Path(tmp)))
+                    finally:
+                        if args.logs is not None:
+                            keep_logs(
+                                Path(tmp),
+                                args.logs / f"{setup.store}-{setup.replicas}"
+                                f"-{nodes}-nodes-{stored}-stored",
+                            )
     print(
         f"\nfleet: {args.learners} learners targeted, jobs of about {args.duration:g} s, "
         f"{args.lines_per_s:g} lines/s and {args.metrics_per_s:g} metrics/s per learner, "

@@ -18,9 +18,18 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from ffdl.server.settings import Settings
-from tests.integration.live import FAST_CONFIG, LiveServer, free_port, serving, wait_for
+from tests.integration.live import (
+    FAST_CONFIG,
+    LiveServer,
+    free_port,
+    serving,
+    serving_replicas,
+    wait_for,
+)
+from tests.postgres import PostgresServer
 
 LINE = re.compile(r"^simulated line (\d+)$")
 
@@ -133,6 +142,38 @@ def test_a_few_hundred_simulated_learners_lose_nothing_and_every_job_ends(
         # Lines of the learners of this run only: the harness is the module's.
         assert stored == stats["lines_acked"], (stored, stats)
         assert stored >= learners * 10, "every learner reported lines for its 4 s"
+
+
+def _reports_served(replica: LiveServer) -> int:
+    served = 0
+    for family in text_string_to_metric_families(replica.client.get("/metrics").text):
+        if family.name != "ffdl_api_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_count") and sample.labels["route"].endswith("/reports"):
+                served += int(sample.value)
+    return served
+
+
+def test_three_replicas_share_the_learners_reports(
+    tmp_path: Path, harness: str, postgres: PostgresServer
+) -> None:
+    config = {**simulated_config(harness), "database_url": postgres.create_database()}
+    with serving_replicas(tmp_path / "home", config, 3) as replicas:
+        first = replicas[0]
+        jobs = [first.submit_ok(manifest(f"spread-{n}", 1, 1), {"x.py": "pass"}) for n in range(24)]
+
+        def all_completed() -> bool:
+            page = first.client.get("/v1/models", params={"limit": 100}).json()["models"]
+            return len(page) == len(jobs) and all(
+                m["training"]["training_status"]["status"] == "COMPLETED" for m in page
+            )
+
+        wait_for(all_completed, timeout=120, interval=0.5, what="every job COMPLETED")
+        served = [_reports_served(replica) for replica in replicas]
+        # One replica deploys every learner; each learner is given one replica to report to
+        # first, by its name, so every replica takes about a third of the reports.
+        assert all(count >= sum(served) / 8 for count in served), served
 
 
 def test_the_simulated_backend_needs_its_section_and_sane_rates(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from ffdl.learner.spec import (
     dump_spec,
     load_spec,
     read_result,
+    report_targets,
     spec_to_dict,
     write_result,
 )
@@ -73,6 +74,7 @@ def test_optional_fields_take_their_defaults(tmp_path: Path) -> None:
         ({"data": [{"kind": "local", "source": "a", "target": "/b"}]}, "absolute"),
         ({"heartbeat_s": 0}, "'heartbeat_s'"),
         ({"results_target": 5}, "'results_target'"),
+        ({"report_urls": ["ftp://x"]}, "'report_urls'"),
     ],
 )
 def test_invalid_fields_are_named(tmp_path: Path, change: dict[str, Any], field: str) -> None:
@@ -80,6 +82,17 @@ def test_invalid_fields_are_named(tmp_path: Path, change: dict[str, Any], field:
     path.write_text(json.dumps({**spec_to_dict(sample_spec(tmp_path)), **change}))
     with pytest.raises(SpecError, match=field):
         load_spec(path)
+
+
+def test_reports_go_where_the_spec_says_in_order(tmp_path: Path) -> None:
+    spec = sample_spec(tmp_path)
+    spec.fallback_urls = ["http://127.0.0.1:8081", "http://127.0.0.1:8082"]
+    assert report_targets(spec) == [spec.api_url, *spec.fallback_urls]
+    spec.report_urls = ["http://127.0.0.1:8082", "http://127.0.0.1:8080", "http://127.0.0.1:8081"]
+    assert report_targets(spec) == spec.report_urls
+    path = tmp_path / "spec.json"
+    dump_spec(spec, path)
+    assert load_spec(path).report_urls == spec.report_urls
 
 
 def test_unreadable_spec(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from ffdl.backends.base import (
 )
 from ffdl.core.resources import Node
 from ffdl.core.units import parse_size_mb
-from ffdl.learner.spec import LearnerSpec
+from ffdl.learner.spec import LearnerSpec, report_targets
 from ffdl.loadtest.learner import Behaviour
 
 REQUEST_TIMEOUT_S = 10.0
@@ -110,7 +110,7 @@ class SimulatedBackend:
         path = _path(spec.training_id, spec.learner, spec.attempt)
         body = {
             "job_token": spec.job_token,
-            "api_urls": list(dict.fromkeys([spec.api_url, *spec.fallback_urls])),
+            "api_urls": report_targets(spec),
             "behaviour": asdict(self._behaviour(spec)),
         }
         self._call("PUT", path, json=body)

@@ -50,6 +50,7 @@ from ffdl.learner.spec import (
     learner_checkpoint_dir,
     learner_log_dir,
     load_spec,
+    report_targets,
     write_result,
 )
 
@@ -126,8 +127,9 @@ class Controller:
         self.spec = spec
         self._halt_signal = halt_signal
         self.state_dir = Path(spec.state_dir)
+        targets = report_targets(spec)
         self.reporter = Reporter(
-            api_url=spec.api_url,
+            api_url=targets[0],
             job_token=spec.job_token,
             training_id=spec.training_id,
             learner=spec.learner,
@@ -137,7 +139,7 @@ class Controller:
             spool_dir=str(self.state_dir / SPOOL_DIR),
             on_event=self._on_reporter_event,
             diagnostics=logger.warning,
-            fallback_urls=spec.fallback_urls,
+            fallback_urls=targets[1:],
             ca_pem=spec.ca_pem,
             on_batch=BatchUpdates(spec, self._ffdl_log),
         )

@@ -115,6 +115,9 @@ class LearnerSpec:
     # The other control-plane replicas' addresses: reports fail over to them, in this
     # order, while ``api_url`` cannot be reached.
     fallback_urls: list[str] = field(default_factory=list)
+    # Where reports go, in this order (the first that answers): the replicas spread their
+    # learners' reports between them. Empty: ``api_url``, then ``fallback_urls``.
+    report_urls: list[str] = field(default_factory=list)
     # Sample the learner's GPUs through NVML this often (None or 0: never), loading
     # ``nvml_library`` first when given (``ffdl.learner.gpu_sampler``).
     gpu_sample_s: float | None = None
@@ -134,6 +137,11 @@ def learner_checkpoint_dir(spec: LearnerSpec) -> str | None:
     if spec.checkpoint_dir or spec.checkpoint_store is None:
         return spec.checkpoint_dir
     return spec.env.get("CHECKPOINT_DIR")
+
+
+def report_targets(spec: LearnerSpec) -> list[str]:
+    """The API addresses a learner reports to, in the order it tries them."""
+    return list(dict.fromkeys(spec.report_urls or [spec.api_url, *spec.fallback_urls]))
 
 
 def checkpoint_location(spec: LearnerSpec) -> ObjectLocation | None:
@@ -365,6 +373,7 @@ def spec_from_dict(document: dict[str, Any]) -> LearnerSpec:
         checkpoint_store=_object_location(document.get("checkpoint_store"), "checkpoint_store"),
         checkpoint_sync_s=_optional_number(document, "checkpoint_sync_s"),
         fallback_urls=_urls(document, "fallback_urls"),
+        report_urls=_urls(document, "report_urls"),
         gpu_sample_s=_optional_number(document, "gpu_sample_s"),
         nvml_library=_optional_str(document, "nvml_library"),
         ca_pem=_optional_str(document, "ca_pem"),

@@ -65,7 +65,12 @@ from ffdl.server.services.stores import (
     training_data_path,
 )
 from ffdl.server.store.models import DeployStep, Job, Learner
-from ffdl.server.store.transitions import set_job_status, set_learner_status, utcnow
+from ffdl.server.store.transitions import (
+    lock_job,
+    set_job_status,
+    set_learner_status,
+    utcnow,
+)
 from ffdl.server.telemetry.instruments import DEPLOY_SECONDS, Timer
 from ffdl.server.transport import learner_ca_pem
 
@@ -205,13 +210,13 @@ def _deploy(platform: Platform, job_id: str) -> None:
             )
         if not prepared or to_launch:
             with platform.store.write() as session:
+                lock_job(session, job_id)
                 if not prepared:
                     _record_results_location(session, job_id, dirs, location)
                     _add_step(session, job_id, attempt, "prepare")
                 for lp in to_launch:
                     _add_learner_row(session, job_id, lp.learner, attempt, lp.node, lp.gpu_ids)
         for lp in to_launch:
-            step = f"learner-{lp.learner}"
             spec = build_spec(
                 platform,
                 job_id,
@@ -231,16 +236,8 @@ def _deploy(platform: Platform, job_id: str) -> None:
             handle = platform.backend.launch(
                 LaunchRequest(lp.node, lp.gpu_ids, spec, gang=placement.learners)
             )
-            bound = _bound_gpu_ids(handle)
             with platform.store.write() as session:
-                learner = _learner(session, job_id, lp.learner, attempt)
-                if learner is not None:
-                    learner.handle = handle
-                    if bound is not None and bound != lp.gpu_ids:
-                        learner.gpu_ids = list(bound)
-                if bound is not None and bound != lp.gpu_ids:
-                    _record_bound_gpus(session, job_id, attempt, lp, bound)
-                _add_step(session, job_id, attempt, step)
+                record_launch(session, job_id, attempt, lp, handle)
     except (LeaseLost, StatusChanged, Unavailable):
         raise  # the step stays unrecorded: the next pass takes it up again
     except StoreError as exc:
@@ -249,6 +246,26 @@ def _deploy(platform: Platform, job_id: str) -> None:
         log.warning("deploy of %s failed: %s", job_id, exc)
         code = ErrorCode.BAD_ARCHIVE if _is_archive_error(exc) else ErrorCode.DEPLOY_FAILED
         _fail(platform, job_id, f"deploy failed: {exc}", code.value)
+
+
+def record_launch(
+    session: Session, job_id: str, attempt: int, lp: LearnerPlacement, handle: Handle
+) -> None:
+    """Record a launched learner's handle (and the GPUs the backend bound, where they
+    differ from its placement) and the launch as a deploy step done.
+
+    The job's row is locked first: the learner, launched a moment ago, may already be
+    reporting, and a report locks the job before its learner (``lock_job``)."""
+    lock_job(session, job_id)
+    bound = _bound_gpu_ids(handle)
+    learner = _learner(session, job_id, lp.learner, attempt)
+    if learner is not None:
+        learner.handle = handle
+        if bound is not None and bound != lp.gpu_ids:
+            learner.gpu_ids = list(bound)
+    if bound is not None and bound != lp.gpu_ids:
+        _record_bound_gpus(session, job_id, attempt, lp, bound)
+    _add_step(session, job_id, attempt, f"learner-{lp.learner}")
 
 
 def _bound_gpu_ids(handle: Handle) -> tuple[int, ...] | None:
@@ -392,13 +409,15 @@ def build_spec(
         programs=runtime_programs(runtime),
     )
     env.update(pip_settings(runtime, sandbox))
+    others = _other_replicas(platform)
     return LearnerSpec(
         training_id=job_id,
         learner=learner,
         num_learners=len(placement.learners),
         attempt=attempt,
         api_url=settings.learner_api_url,
-        fallback_urls=_other_replicas(platform),
+        fallback_urls=others,
+        report_urls=report_addresses(settings.learner_api_url, others, f"{job_id}/{learner}"),
         ca_pem=learner_ca_pem(settings),
         job_token=platform.job_tokens.issue(job_id),
         command=manifest.framework.command,
@@ -425,6 +444,19 @@ def build_spec(
         checkpoint_dir=str(dirs.checkpoints) if results_store is not None else None,
         code_archive=str(dirs.archive) if results_store is not None and learner == 1 else None,
     )
+
+
+def report_addresses(own: str, others: list[str], learner_key: str) -> list[str]:
+    """Where a learner reports, in order: first the replica it is given by a stable hash
+    of ``learner_key`` over every live replica, then the others, in turn (its fail-overs).
+
+    Spread so that the replicas share the learners' reports: a replica that deployed every
+    learner it would otherwise take every report, while the others stood by. Where the
+    replicas advertise one address (a load balancer before them) there is nothing to spread.
+    """
+    urls = list(dict.fromkeys([own, *others]))
+    first = zlib.crc32(learner_key.encode()) % len(urls)
+    return urls[first:] + urls[:first]
 
 
 def _other_replicas(platform: Platform) -> list[str]:

@@ -165,6 +165,14 @@ _JOB_STATUS = select(Job.status).where(Job.id == bindparam("row_id")).with_for_u
 _LEARNER_STATUS = select(Learner.status).where(Learner.id == bindparam("row_id")).with_for_update()
 
 
+def lock_job(session: Session, job_id: str) -> None:
+    """Lock a job's row until the transaction ends. A transaction that writes a job's
+    learners takes their job's row first, as the status gate and the report path do: with
+    one lock order everywhere (job, then learner), two transactions never each hold a row
+    the other waits for (PostgreSQL would break the deadlock by failing one of them)."""
+    session.execute(_LOCK_JOB, {"row_id": job_id})
+
+
 def _compare_and_lock(session: Session, row: Job | Learner, what: str) -> None:
     """Lock ``row`` and check that its stored status is still the one it was read with."""
     if row in session.new or row.id is None:
@@ -173,7 +181,7 @@ def _compare_and_lock(session: Session, row: Job | Learner, what: str) -> None:
         # The job's row first, as for every write of a job's records: its events then get
         # their ids in commit order, and the lock order (job, then learner) is the same
         # everywhere.
-        session.execute(_LOCK_JOB, {"row_id": row.job_id})
+        lock_job(session, row.job_id)
         stored = session.execute(_LEARNER_STATUS, {"row_id": row.id}).scalar_one_or_none()
     else:
         stored = session.execute(_JOB_STATUS, {"row_id": row.id}).scalar_one_or_none()
