@@ -9,14 +9,17 @@ eight GPUs per learner, one or two learners: a two-learner job of 8 GPUs each sp
 nodes), as a busy fleet sees between two passes. The database is a real SQLite file (or a
 PostgreSQL server the benchmark starts, ``--database postgresql``); the nodes come from the
 test double backend, which only lists them. Printed: the pass's p50 and p99 and each
-part's, in milliseconds.
+part's, in milliseconds. As a replica does after start-up, the set-up's objects are frozen
+out of the garbage collector's walks before the passes (``--no-freeze``: they are not).
 
-Run: ``python benchmarks/bench_scheduler_pass.py [--passes 40] [--database postgresql]``.
+Run: ``python benchmarks/bench_scheduler_pass.py [--passes 40] [--database postgresql]
+[--no-freeze]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import sys
@@ -103,6 +106,11 @@ def main() -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--passes", type=int, default=40)
     parser.add_argument("--database", choices=DATABASES, default="sqlite")
+    parser.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="leave the set-up's objects to the garbage collector (a replica freezes them)",
+    )
     args, _ = parser.parse_known_args()
     if args.passes < 1:
         parser.error("--passes must be at least 1")
@@ -129,6 +137,9 @@ def main() -> dict[str, float]:
             job_tokens=JobTokens(SECRET),
             credentials=CredentialVault(SECRET),
         )
+        if not args.no_freeze:  # as a replica does once it has started (ffdl.server.main)
+            gc.collect()
+            gc.freeze()
         loop = scheduler_loop.SchedulerLoop(platform)
         parts: dict[str, list[float]] = {"snapshot": [], "decide": [], "apply": []}
         loop.snapshot = _timed(parts["snapshot"], loop.snapshot)  # type: ignore[method-assign]

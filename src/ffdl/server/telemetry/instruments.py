@@ -14,6 +14,7 @@ which Prometheus's ``rate`` and ``increase`` expect.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -111,6 +112,13 @@ ARCHIVE_FAILURES = Counter(
     ["operation"],
     registry=REGISTRY,
 )
+
+PROCESS_FROZEN_OBJECTS = Gauge(
+    "ffdl_process_frozen_objects",
+    "Objects this process froze after start-up, which garbage collections no longer walk.",
+    registry=REGISTRY,
+)
+PROCESS_FROZEN_OBJECTS.set_function(gc.get_freeze_count)
 
 # Where a session keeps the observations waiting for its commit (``after_commit``).
 PENDING_OBSERVATIONS = "ffdl_telemetry_pending"
