@@ -177,7 +177,10 @@ class Settings(BaseSettings):
     # job ``restart_penalty`` of its current progress instead.
     restart_cost_s: float | None = Field(default=30.0, ge=0)
     restart_penalty: float = Field(default=0.1, ge=0)
-    min_rescale_interval_s: float = 120.0  # a job keeps a new size at least this long
+    # A job keeps a new size at least this long. A rescale's cost is charged by the job's
+    # age (``restart_cost_s``), which already keeps young jobs from thrashing; a longer hold
+    # only kept GPUs from jobs waiting for them (docs/simulations, section 7).
+    min_rescale_interval_s: float = 60.0
     # A queued elastic job waiting longer than ``admit_after_s`` gets GPUs that running
     # elastic jobs give up down to their minimums; one waiting longer than
     # ``fairness_after_s`` may also stop a running job that has had a turn as long.
