@@ -94,7 +94,7 @@ def serve(
     except STARTUP_ERRORS as exc:
         raise SystemExit(f"ffdl: {exc}") from None
     announce(settings)
-    # Start-up leaves some 200,000 objects (modules, the app) that live as long as the
+    # Start-up leaves some 160,000 objects (modules, the app) that live as long as the
     # process, and every full collection of the garbage collector walked them all: 40 to
     # 77 ms with 10,000 nodes, a pause for whatever ran then (a scheduling pass, requests).
     # Frozen, they are never walked again (``ffdl_process_frozen_objects``).
