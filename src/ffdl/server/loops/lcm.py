@@ -416,6 +416,8 @@ def build_spec(
         num_learners=len(placement.learners),
         attempt=attempt,
         api_url=settings.learner_api_url,
+        # ``report_urls`` is what this version's controllers use; ``fallback_urls`` keeps
+        # fail-over for a controller of an older version reading the same spec.
         fallback_urls=others,
         report_urls=report_addresses(settings.learner_api_url, others, f"{job_id}/{learner}"),
         ca_pem=learner_ca_pem(settings),
@@ -460,7 +462,7 @@ def report_addresses(own: str, others: list[str], learner_key: str) -> list[str]
 
 
 def _other_replicas(platform: Platform) -> list[str]:
-    """The other live replicas' addresses: where the learner's reports fail over to."""
+    """The other live replicas' addresses (besides this replica's own)."""
     own = platform.settings.learner_api_url
     alive = timedelta(seconds=3 * platform.settings.lease_ttl_s)
     with platform.store.read() as session:
