@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 from pathlib import Path
@@ -17,6 +16,7 @@ from ffdl.backends.simulated import SIMULATED_WARNING
 from ffdl.learner.cgroup_placement import discover
 from ffdl.server.announce import announce
 from ffdl.server.app import STARTUP_ERRORS, create_app
+from ffdl.server.heap import freeze_start_up_objects
 from ffdl.server.pool.config import pool_policy
 from ffdl.server.pool.policy import Policy
 from ffdl.server.services.runtimes import unsandboxed_paths
@@ -94,12 +94,7 @@ def serve(
     except STARTUP_ERRORS as exc:
         raise SystemExit(f"ffdl: {exc}") from None
     announce(settings)
-    # Start-up leaves some 160,000 objects (modules, the app) that live as long as the
-    # process, and every full collection of the garbage collector walked them all: 40 to
-    # 77 ms with 10,000 nodes, a pause for whatever ran then (a scheduling pass, requests).
-    # Frozen, they are never walked again (``ffdl_process_frozen_objects``).
-    gc.collect()
-    gc.freeze()
+    freeze_start_up_objects()
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level="warning", **uvicorn_tls(settings)
     )

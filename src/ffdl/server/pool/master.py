@@ -36,6 +36,7 @@ from gunicorn.arbiter import Arbiter  # type: ignore[import-untyped]
 from gunicorn.errors import AppImportError  # type: ignore[import-untyped]
 
 from ffdl.server.announce import announce
+from ffdl.server.heap import freeze_start_up_objects
 from ffdl.server.pool.counters import LoadMiddleware, Publisher, WorkerCounters
 from ffdl.server.pool.files import STATE_FILE, clear, remove, run_dir, worker_file, write_json
 from ffdl.server.pool.policy import Change, Policy, PoolState, decide
@@ -257,7 +258,9 @@ class PoolApplication(BaseApplication):  # type: ignore[misc]
             # gunicorn prints this and stops the whole pool, as one process would stop.
             raise AppImportError(f"ffdl: {exc}") from None
         Publisher(counters, worker_file(self.directory, os.getpid()), PUBLISH_INTERVAL_S).start()
-        return LoadMiddleware(app, counters)
+        served = LoadMiddleware(app, counters)
+        freeze_start_up_objects()
+        return served
 
     def _when_ready(self, arbiter: Any) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
