@@ -272,6 +272,23 @@ def test_a_starved_job_takes_the_gpus_of_one_that_has_had_its_turn() -> None:
         assert allocation_of(kept, "training-wait")[0] == 0
 
 
+def test_the_wait_before_stopping_a_job_and_the_turn_it_keeps_are_separate_bounds() -> None:
+    def plan(waited_s: float, ran_s: float) -> Plan:
+        jobs = [
+            make_job("training-run", gpu_range=(8, 8), current_gpus=8, running_s=ran_s),
+            make_job("training-wait", gpu_range=(8, 8), waited_s=waited_s),
+        ]
+        return optimize(jobs, 8, fairness_after_s=150.0, turn_s=300.0)
+
+    # Waited past 150 s: it takes the GPUs of a job that has had a whole turn of 300 s...
+    assert plan(waited_s=151.0, ran_s=300.0).yielded == ("training-run",)
+    # ...but not those of one that has had them for less, however long it waited itself.
+    for kept in (plan(waited_s=151.0, ran_s=299.0), plan(waited_s=1e6, ran_s=151.0)):
+        assert allocation_of(kept, "training-run")[0] == 8 and kept.yielded == ()
+    # Nor does a job waiting less than 150 s stop anything.
+    assert plan(waited_s=149.0, ran_s=1e6).yielded == ()
+
+
 def test_one_job_is_stopped_per_starved_job_and_only_when_shrinking_is_not_enough() -> None:
     ran = FAIRNESS_AFTER_S + 1
     starved = make_job("training-wait", gpu_range=(1, 8), waited_s=ran)
@@ -423,6 +440,8 @@ def test_invalid_calls_are_rejected() -> None:
         optimize([make_job()], 8, restart_cost_s=-1.0)
     with pytest.raises(ValueError, match="admit_after_s"):
         optimize([make_job()], 8, admit_after_s=-1.0)
+    with pytest.raises(ValueError, match="turn_s"):
+        optimize([make_job()], 8, turn_s=-1.0)
     with pytest.raises(ValueError, match="objective must be one of throughput, proportional"):
         optimize([make_job()], 8, objective="fastest")  # type: ignore[arg-type]
     assert optimize([], 8) == Plan(allocations=(), objective=0.0, changed=())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,11 @@ def _starts(server: LiveServer, job_id: str) -> list[tuple[int, int, int]]:
         if m:
             found.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
     return found
+
+
+def _at(event: dict[str, Any]) -> float:
+    """When an event of a job's history happened, in seconds."""
+    return datetime.fromisoformat(event["time"]).timestamp()
 
 
 def _reported_steps(server: LiveServer, job_id: str) -> int:
@@ -223,7 +229,9 @@ def test_a_job_left_waiting_too_long_takes_turns_with_a_running_one(tmp_path: Pa
     config = {
         **elastic_config(3600),
         "nodes": [{"name": "node-a", "gpus": 2, "cpus": 8, "memory": "16GiB", "gpu_type": "cpu"}],
-        "fairness_after_s": 8,
+        # A job that waited 4 s stops one that has had its GPUs for a turn of 8 s.
+        "fairness_after_s": 4,
+        "fairness_turn_s": 8,
     }
     both_gpus = {"gpus": {"min": 2, "max": 2}, "batch_size": {"min": 64, "max": 64}}
     # The first sleeps 12 s in all, more than one 8-s turn, so it must yield; the second ends
@@ -248,6 +256,12 @@ def test_a_job_left_waiting_too_long_takes_turns_with_a_running_one(tmp_path: Pa
 
         for job_id in (second, first):
             server.wait_status(job_id, {"COMPLETED"}, timeout=120)
+        # It had its whole turn first, and then sat out a turn as long before it resumed.
+        history = server.model(first)["events"]
+        runs = [_at(e) for e in history if e["to"] == "PROCESSING" and e["learner"] is None]
+        stopped = _at(stops[0])
+        assert stopped - runs[0] >= 8.0, (runs, stopped)
+        assert runs[1] - stopped >= 8.0 - 0.5, (runs, stopped)
         # The first resumed from its checkpoint instead of starting over.
         resumed = [start for _, _, start in _starts(server, first)]
         assert resumed[0] == 0 and max(resumed) > 0, resumed

@@ -13,6 +13,7 @@ from ffdl.sim.policies import ElasticPolicy, make_policy
 KNOBS = (
     "restart_penalty",
     "fairness_after_s",
+    "fairness_turn_s",
     "restart_cost_s",
     "admit_after_s",
 )

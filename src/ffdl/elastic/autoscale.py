@@ -49,6 +49,7 @@ def autoscale(
     restart_cost_s: float | None = None,
     admit_after_s: float | None = None,
     objective: Objective = "throughput",
+    turn_s: float | None = None,
 ) -> list[RescaleDecision]:
     """Decisions for ``candidates`` sharing ``capacity`` GPUs (empty when nothing changes)."""
     if not candidates:
@@ -64,6 +65,7 @@ def autoscale(
         restart_cost_s=restart_cost_s,
         admit_after_s=admit_after_s,
         objective=objective,
+        turn_s=turn_s,
     )
     return diff(jobs, plan, gpus_per_node=gpus_per_node)
 
@@ -95,6 +97,7 @@ def autoscale_types(
     restart_cost_s: float | None = None,
     admit_after_s: float | None = None,
     objective: Objective = "throughput",
+    turn_s: float | None = None,
 ) -> list[RescaleDecision]:
     """``autoscale`` over GPU types: decisions that name the type each job runs on."""
     if not candidates:
@@ -110,6 +113,7 @@ def autoscale_types(
         restart_cost_s=restart_cost_s,
         admit_after_s=admit_after_s,
         objective=objective,
+        turn_s=turn_s,
     )
     return diff_types(jobs, plan, gpus_per_node=gpus_per_node)
 

@@ -129,6 +129,7 @@ def optimize_types(
     restart_cost_s: float | None = None,
     admit_after_s: float | None = None,
     objective: Objective = "throughput",
+    turn_s: float | None = None,
 ) -> TypedPlan:
     """Type, GPUs and batch size for every job; see the module docstring."""
     if any(count < 0 for count in gpus_by_type.values()):
@@ -178,6 +179,7 @@ def optimize_types(
         options,
         fairness_after_s,
         fairness_after_s if admit_after_s is None else admit_after_s,
+        fairness_after_s if turn_s is None else turn_s,
     )
     unit = math.gcd(*(job.home.gpus_per_learner for job in jobs))
     capacity = {t: gpus_by_type[t] // unit for _, t in rows}

@@ -95,13 +95,14 @@ Fairness is lexicographic on top of the objective, in this order:
    admission earns a bonus ``A`` larger than any possible difference in the objective. Its
    GPUs beyond the minimum are worth only their normal weight, so a starved job does not
    hog the cluster once admitted. When shrinking is not enough, a running job that has held
-   its allocation for ``fairness_after_s`` too, at a priority no higher than a starved
-   job's, is stopped (checkpointed and queued) for it: stopping such a job costs less than
-   an admission but more than any objective difference, so one is stopped for each starved
-   job admitted and never more, and only when shrinking others to their minimums leaves no
-   room. Waiting is thereby bounded: at the worst, jobs take turns of ``fairness_after_s``
-   on the GPUs (as time-sharing schedulers do), instead of a job waiting until a long job
-   ends while every running job sits at its minimum. ``admit_after_s`` (by default
+   its allocation for a turn (``turn_s``, by default ``fairness_after_s``), at a priority no
+   higher than a starved job's, is stopped (checkpointed and queued) for it: stopping such
+   a job costs less than an admission but more than any objective difference, so one is
+   stopped for each starved job admitted and never more, and only when shrinking others to
+   their minimums leaves no room. Waiting is thereby bounded: at the worst, jobs take turns
+   of ``turn_s`` on the GPUs (as time-sharing schedulers do), and a job waits for one from
+   ``fairness_after_s`` on, instead of waiting until a long job ends while every running
+   job sits at its minimum. ``admit_after_s`` (by default
    ``fairness_after_s``) is the shorter bound of the two: a newcomer gets a share of GPUs
    that running jobs can spare within a round or two, as under Pollux, while stopping a
    job for it waits for the longer one.
@@ -303,6 +304,7 @@ def optimize(
     restart_cost_s: float | None = None,
     admit_after_s: float | None = None,
     objective: Objective = "throughput",
+    turn_s: float | None = None,
 ) -> Plan:
     """Best GPUs and batch size for every job; see the module docstring for the objective.
 
@@ -317,6 +319,8 @@ def optimize(
         raise ValueError("restart_cost_s must be >= 0")
     if admit_after_s is not None and admit_after_s < 0:
         raise ValueError("admit_after_s must be >= 0")
+    if turn_s is not None and turn_s < 0:
+        raise ValueError("turn_s must be >= 0")
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}")
     if batch_choices < 1:
@@ -347,6 +351,7 @@ def optimize(
         options,
         fairness_after_s,
         fairness_after_s if admit_after_s is None else admit_after_s,
+        fairness_after_s if turn_s is None else turn_s,
     )
     unit = math.gcd(*(job.gpus_per_learner for job in jobs))
     chosen = _solve(options, total_gpus // unit, unit)
@@ -374,10 +379,14 @@ def optimize(
 
 
 def _add_fairness_terms(
-    jobs: Sequence[ElasticJob], options: Options, fairness_after_s: float, admit_after_s: float
+    jobs: Sequence[ElasticJob],
+    options: Options,
+    fairness_after_s: float,
+    admit_after_s: float,
+    turn_s: float,
 ) -> list[bool]:
     """Turn the fairness rules into bonuses that dominate every objective difference; the
-    running jobs that may be stopped for a starved one."""
+    running jobs that may be stopped for a starved one (those that have had a turn)."""
     utility = options.utility
     finite = np.where(np.isfinite(utility), utility, 0.0)
     spread = 1.0 + float((utility.max(axis=1) - finite.min(axis=1)).sum())
@@ -394,7 +403,7 @@ def _add_fairness_terms(
             job.running
             and highest_starved is not None
             and job.priority <= highest_starved
-            and job.running_s >= fairness_after_s
+            and job.running_s >= turn_s
             for job in jobs
         ]
     )

@@ -183,11 +183,15 @@ class Settings(BaseSettings):
     min_rescale_interval_s: float = 60.0
     # A queued elastic job waiting longer than ``admit_after_s`` gets GPUs that running
     # elastic jobs give up down to their minimums; one waiting longer than
-    # ``fairness_after_s`` may also stop a running job that has had a turn as long.
+    # ``fairness_after_s`` may also stop a running job that has had its GPUs for
+    # ``fairness_turn_s`` (which is then held back as long, so the GPUs go to the waiter).
     admit_after_s: float = Field(default=60.0, ge=0)
-    # Turns of five minutes: on Pollux's workloads at twice their load, the longest wait
-    # went from 660 s to 360 s against turns of ten, with no job slower on average.
-    fairness_after_s: float = 300.0
+    # Two and a half minutes of waiting, turns of five: on Pollux's workloads at twice their
+    # load the longest wait went from 360 s (both 300 s) to 210 s, and a running job still
+    # keeps its GPUs for five minutes, long enough to earn back a restart that costs more
+    # than a minute.
+    fairness_after_s: float = Field(default=150.0, ge=0)
+    fairness_turn_s: float = Field(default=300.0, ge=0)
     # How fast a GPU of each type trains, relative to the others (e.g. {h100: 3, a100: 1};
     # a type not named counts 1): the speed the elastic optimizer expects of a job on a type
     # before it has run there. Once it has, its own step times there count.

@@ -144,6 +144,7 @@ class ElasticPolicy(_Base):
     fixed_batch: bool = False
     restart_penalty: float = live_default("restart_penalty")
     fairness_after_s: float = live_default("fairness_after_s")
+    fairness_turn_s: float = live_default("fairness_turn_s")
     min_rescale_interval_s: float = live_default("min_rescale_interval_s")
     restart_cost_s: float | None = live_default("restart_cost_s")
     admit_after_s: float = live_default("admit_after_s")
@@ -199,6 +200,7 @@ class ElasticPolicy(_Base):
             restart_penalty=self.restart_penalty,
             fixed_batch=self.fixed_batch,
             fairness_after_s=self.fairness_after_s,
+            turn_s=self.fairness_turn_s,
             gpus_per_node=sim.gpus_per_node,
             restart_cost_s=self.restart_cost_s,
             admit_after_s=self.admit_after_s,

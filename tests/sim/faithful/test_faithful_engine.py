@@ -163,7 +163,7 @@ def test_jobs_beyond_the_clusters_gpus_take_turns_instead_of_waiting_for_an_end(
     policy = FfdlElastic()
     result = Cluster(jobs, applications(), policy, nodes=1).run()
     assert sorted(result.waits.values())[4:] != [60] * 4, "half of them had to wait"
-    assert max(result.waits.values()) <= 2 * policy.fairness_after_s, result.waits
+    assert max(result.waits.values()) <= 2 * policy.fairness_turn_s, result.waits
     # Without the turns, they would wait for the first jobs to end.
     shortest = min(result.jcts.values())
     assert max(result.waits.values()) < shortest, (result.waits, shortest)

@@ -11,8 +11,8 @@ gain in the event), except a batch-only change of a job that takes it while it r
 (``elastic.rebatch_in_place``): its batch is changed and an event records it, and its
 learners take it from the report answers at their next epoch. For queued elastic jobs, the
 decision is the size the scheduler will place them at. A running job stopped so that a job
-waiting longer than ``fairness_after_s`` can start is halted, requeued and held back for
-one such turn (``not_before``).
+waiting longer than ``fairness_after_s`` can start (it has had its GPUs for
+``fairness_turn_s``) is halted, requeued and held back for a turn as long (``not_before``).
 A job just submitted is left to the scheduler for ``QUEUED_GRACE_INTERVALS`` scheduler
 intervals: one that fits starts at its manifest's size, whichever loop happens to run first,
 and is grown later by a rescale; one still queued after that is sized here.
@@ -146,6 +146,7 @@ class AutoscalerLoop:
             "fairness_after_s": settings.fairness_after_s,
             "admit_after_s": settings.admit_after_s,
             "objective": settings.elastic_objective,
+            "turn_s": settings.fairness_turn_s,
         }
         seen = _Pass(jobs, nodes, drained, queued_fixed, epochs, gradients)
         with Timer(OPTIMIZER_SECONDS.observe):
@@ -482,7 +483,7 @@ class AutoscalerLoop:
                     # and held back for a turn so that the scheduler gives its GPUs to the
                     # job that waited rather than back to it.
                     job.desired = PREEMPTED
-                    turn = timedelta(seconds=self._platform.settings.fairness_after_s)
+                    turn = timedelta(seconds=self._platform.settings.fairness_turn_s)
                     job.not_before = datetime.now(UTC).replace(tzinfo=None) + turn
                     set_job_status(session, job, JobStatus.HALTING, decision.reason)
                     changed = True

@@ -438,6 +438,7 @@ class FfdlMixed:
     fixed_size: bool = False
     restart_penalty: float = live_default("restart_penalty")
     fairness_after_s: float = live_default("fairness_after_s")
+    fairness_turn_s: float = live_default("fairness_turn_s")
     restart_cost_s: float | None = live_default("restart_cost_s")
     admit_after_s: float = live_default("admit_after_s")
     objective: Objective = LIVE_OBJECTIVE
@@ -469,6 +470,7 @@ class FfdlMixed:
             gpus,
             restart_penalty=self.restart_penalty,
             fairness_after_s=self.fairness_after_s,
+            turn_s=self.fairness_turn_s,
             fixed_batch=True,
             gpus_per_node=dict(gpus),  # no machines within a type: one "node" each
             restart_cost_s=self.restart_cost_s,

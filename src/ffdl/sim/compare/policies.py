@@ -165,6 +165,7 @@ class FfdlElastic:
     learns_speed: bool = False
     restart_penalty: float = live_default("restart_penalty")
     fairness_after_s: float = live_default("fairness_after_s")
+    fairness_turn_s: float = live_default("fairness_turn_s")
     restart_cost_s: float | None = live_default("restart_cost_s")
     admit_after_s: float = live_default("admit_after_s")
     objective: Objective = LIVE_OBJECTIVE
@@ -180,6 +181,7 @@ class FfdlElastic:
             total_gpus,
             restart_penalty=self.restart_penalty,
             fairness_after_s=self.fairness_after_s,
+            turn_s=self.fairness_turn_s,
             fixed_batch=self.fixed_batch,
             gpus_per_node=gpus_per_node,
             restart_cost_s=self.restart_cost_s,

@@ -5,7 +5,8 @@ the live autoscaler loop calls, with the manifest an elastic version of its appl
 would carry: GPUs 1..64 (ncf: 1, at its fixed batch), batches from the smallest validated
 to the largest, per-GPU batch limits from what was profiled. ``autoscale`` decides, with the
 platform's default settings (a rescale's cost charged against the job's age, admission by
-shrinking after 60 s of waiting and turns after 600 s, a job restarted less than
+shrinking after 60 s of waiting, a job that waited 150 s stopping one that has had a turn of
+300 s when shrinking is not enough, a job restarted less than
 ``min_rescale_interval_s`` ago held at its size). Its decisions are applied as the
 platform applies them: a job whose GPUs change restarts on GPUs packed best-fit onto the
 nodes (whole free nodes first for a job larger than one), and a job whose batch alone
@@ -105,6 +106,7 @@ class FfdlElastic:
     batch: str = "policy"
     restart_penalty: float = live_default("restart_penalty")
     fairness_after_s: float = live_default("fairness_after_s")
+    fairness_turn_s: float = live_default("fairness_turn_s")
     min_rescale_interval_s: float = live_default("min_rescale_interval_s")
     accumulate: bool = True
     # Batch-only changes taken without a restart (``elastic.rebatch_in_place``).
@@ -155,6 +157,7 @@ class FfdlElastic:
             total,
             restart_penalty=self.restart_penalty,
             fairness_after_s=self.fairness_after_s,
+            turn_s=self.fairness_turn_s,
             gpus_per_node=gpus_per_node,
             restart_cost_s=self.restart_cost_s,
             admit_after_s=self.admit_after_s,

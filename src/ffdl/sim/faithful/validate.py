@@ -39,12 +39,14 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     # The same taking batch-only changes without a restart, as Pollux's agents do.
     "ffdl-inplace": lambda: FfdlElastic(name="ffdl-inplace", rebatch_in_place=True),
     # The same with the rules before the proportional objective, restarts charged by age
-    # and newcomers admitted after a minute.
+    # and newcomers admitted after a minute (and with the ten-minute turns of then).
     "ffdl-before": lambda: FfdlElastic(
         name="ffdl-before",
         objective="throughput",
         restart_cost_s=None,
-        admit_after_s=FfdlElastic.fairness_after_s,
+        admit_after_s=600.0,
+        fairness_after_s=600.0,
+        fairness_turn_s=600.0,
     ),
 }
 # What a policy without shipped results of its own is compared with.
