@@ -11,7 +11,6 @@ locked: each writer must wait for that row without holding the learner's.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from ffdl.server.loops.lcm import record_launch
 from ffdl.server.store.db import Store
 from ffdl.server.store.models import Job, Learner
 from ffdl.server.store.transitions import set_learner_status
+from tests.integration.live import wait_for
 from tests.server.factories import make_job, make_store, start_learner
 
 JOB = "training-locks"
@@ -78,11 +78,12 @@ def test_a_learner_is_written_only_after_its_job_row_is_locked(
         holding = report.begin()
         report.execute(select(Job.id).where(Job.id == JOB).with_for_update())
         thread.start()
-        deadline = time.monotonic() + 20
-        while _waiting_on_a_lock(store) == 0:
-            assert not done.is_set(), f"the writer did not wait for the job's row: {failures}"
-            assert time.monotonic() < deadline, "the writer never waited for a lock"
-            time.sleep(0.02)
+        wait_for(
+            lambda: done.is_set() or _waiting_on_a_lock(store) > 0,
+            timeout=20,
+            what="the writer waiting for a lock",
+        )
+        assert not done.is_set(), f"the writer did not wait for the job's row: {failures}"
         # The report goes on to its learner: free, because the writer waits for the job first.
         report.execute(
             text("SELECT id FROM learners WHERE id = :id FOR UPDATE NOWAIT"), {"id": learner_id}
