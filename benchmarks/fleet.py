@@ -9,8 +9,9 @@ scaled to keep ``--learners`` learners running), their sizes from the trace, acr
 tenants and three priorities, one in five elastic. After a ramp of one job length it
 measures for ``--window`` seconds and prints one row per run:
 
-- submit → PROCESSING p50/p99 (from the jobs' own events), scheduling pass p50/p99 (the
-  scheduler's ``/metrics`` histogram);
+- submit → PROCESSING p50/p99 (from the jobs' own events), and where it went: queued
+  (submit → PENDING), deploy (PENDING → the last learner launched) and report (that launch
+  → PROCESSING); scheduling and lifecycle-manager pass p50/p99 (``/metrics`` histograms);
 - API latency p50/p99 for submit, list (first and a deep page, by offset and by keyset),
   show and loglines, under that load;
 - report ingestion: log lines/s and metric points/s acknowledged, the harness's backlog,
@@ -44,11 +45,11 @@ from typing import Any
 import httpx
 from _server import FAST_CONFIG, LiveServer, code_zip
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import insert, text
+from sqlalchemy import func, insert, select, text
 from tests.postgres import PostgresServer, free_port
 
 from ffdl.server.store.db import Store
-from ffdl.server.store.models import Job
+from ffdl.server.store.models import DeployStep, Job
 from ffdl.server.store.transitions import utcnow
 from ffdl.sim.philly import TraceFilter, load_philly
 
@@ -57,6 +58,9 @@ PRIORITIES = (0, 50, 100)
 GPUS_PER_NODE = 8
 SEED_CHUNK = 5000
 LOOPS = ("scheduler", "lcm")
+# Loops whose share of the window spent in passes is printed.
+TIMED_LOOPS = ("scheduler", "lcm", "monitor", "autoscaler")
+REPORTS = "/v1/internal/jobs/{job_id}/learners/{learner}/reports"
 
 
 @dataclass(frozen=True)
@@ -399,6 +403,8 @@ class Fleet:
         before_stats = harness.get("/stats").json()
         before_harness_cpu = process_cpu_s(harness_pid)
         before_loops = {loop: self._loop_buckets(replicas, loop) for loop in LOOPS}
+        before_reports = self._report_buckets(replicas)
+        before_in_passes = self._seconds_in_passes(replicas)
         before_cpu = sum(process_cpu_s(pid) for pid in pids)
         before_db = database_bytes(database_url, home)
         with self.lock:
@@ -411,6 +417,8 @@ class Fleet:
         after_stats = harness.get("/stats").json()
         after_harness_cpu = process_cpu_s(harness_pid)
         after_loops = {loop: self._loop_buckets(replicas, loop) for loop in LOOPS}
+        after_reports = self._report_buckets(replicas)
+        after_in_passes = self._seconds_in_passes(replicas)
         after_cpu = sum(process_cpu_s(pid) for pid in pids)
         after_db = database_bytes(database_url, home)
         with self.lock:
@@ -420,6 +428,7 @@ class Fleet:
             thread.join(timeout=120)
 
         to_processing = self._to_processing(admin, measured)
+        stages = self._start_stages(admin, database_url, measured)
         passes = {
             loop: [
                 (bound, after_loops[loop].get(bound, 0) - before_loops[loop].get(bound, 0))
@@ -427,6 +436,10 @@ class Fleet:
             ]
             for loop in LOOPS
         }
+        served = [
+            (bound, after_reports.get(bound, 0) - before_reports.get(bound, 0))
+            for bound in sorted(after_reports)
+        ]
         lines = after_stats["lines_acked"] - before_stats["lines_acked"]
         metrics = after_stats["metrics_acked"] - before_stats["metrics_acked"]
         scrape_started = time.perf_counter()
@@ -445,10 +458,20 @@ class Fleet:
             "lines/s": lines / elapsed,
             "metrics/s": metrics / elapsed,
             "backlog": float(after_stats["backlog_items"]),
+            "report p50 ms": after_stats["post_p50_ms"],
             "report p99 ms": after_stats["post_p99_ms"],
+            # The same posts as the replicas timed them, from their app's first byte to its
+            # last: what is left of the learners' figure waited in sockets or the harness.
+            "served p50 ms": _ms(histogram_quantile(served, 0.5)),
+            "served p99 ms": _ms(histogram_quantile(served, 0.99)),
             # Of one core: where the two cores went while the reports poured in.
             "replicas CPU %": (after_cpu - before_cpu) / elapsed * 100,
             "harness CPU %": (after_harness_cpu - before_harness_cpu) / elapsed * 100,
+            # Every learner posts about once a second: what each post cost the replicas,
+            # whatever else they did meanwhile (loops, API calls) counted in.
+            "CPU ms per post": (after_cpu - before_cpu)
+            * 1000
+            / max(1, after_stats["posts"] - before_stats["posts"]),
             "max RSS MiB": max(rss_mib(pid) for pid in pids),
             "DB MiB per M lines": (after_db - before_db) / 2**20 / (lines / 1e6) if lines else None,
             "scrape ms": scrape_s * 1000,
@@ -457,6 +480,12 @@ class Fleet:
             if to_processing
             else None,
         }
+        for loop in TIMED_LOOPS:
+            spent = after_in_passes.get(loop, 0.0) - before_in_passes.get(loop, 0.0)
+            figures[f"{loop} %"] = spent / elapsed * 100
+        for name, values in stages.items():
+            figures[f"{name} p50"] = quantile(values, 0.5)
+            figures[f"{name} p99"] = quantile(values, 0.99)
         for name, values in self.latency.items():
             figures[f"{name} p50"] = quantile(values, 0.5)
             figures[f"{name} p99"] = quantile(values, 0.99)
@@ -468,7 +497,15 @@ class Fleet:
         return figures
 
     def _loop_buckets(self, replicas: list[LiveServer], loop: str) -> dict[float, float]:
-        buckets: dict[float, float] = {}
+        return self._buckets(replicas, "ffdl_loop_pass_duration_seconds", {"loop": loop})
+
+    def _report_buckets(self, replicas: list[LiveServer]) -> dict[float, float]:
+        return self._buckets(replicas, "ffdl_api_request_duration_seconds", {"route": REPORTS})
+
+    def _seconds_in_passes(self, replicas: list[LiveServer]) -> dict[str, float]:
+        """Seconds each loop has spent in its passes, over the replicas (only the leader's
+        count): a pass's wall time, its waits for the database and the interpreter in."""
+        spent: dict[str, float] = {}
         for replica in replicas:
             with contextlib.suppress(httpx.HTTPError):
                 page = replica.client.get("/metrics").text
@@ -476,9 +513,30 @@ class Fleet:
                     if family.name != "ffdl_loop_pass_duration_seconds":
                         continue
                     for sample in family.samples:
-                        if sample.name.endswith("_bucket") and sample.labels.get("loop") == loop:
-                            bound = float(sample.labels["le"])
-                            buckets[bound] = buckets.get(bound, 0) + sample.value
+                        if sample.name.endswith("_sum"):
+                            loop = sample.labels.get("loop", "")
+                            spent[loop] = spent.get(loop, 0.0) + sample.value
+        return spent
+
+    def _buckets(
+        self, replicas: list[LiveServer], histogram: str, labels: dict[str, str]
+    ) -> dict[float, float]:
+        """A histogram's cumulative buckets, summed over the replicas and the series that
+        carry ``labels``."""
+        buckets: dict[float, float] = {}
+        for replica in replicas:
+            with contextlib.suppress(httpx.HTTPError):
+                page = replica.client.get("/metrics").text
+                for family in text_string_to_metric_families(page):
+                    if family.name != histogram:
+                        continue
+                    for sample in family.samples:
+                        if not sample.name.endswith("_bucket"):
+                            continue
+                        if any(sample.labels.get(k) != v for k, v in labels.items()):
+                            continue
+                        bound = float(sample.labels["le"])
+                        buckets[bound] = buckets.get(bound, 0) + sample.value
         return buckets
 
     def _to_processing(self, admin: httpx.Client, job_ids: list[str]) -> list[float]:
@@ -499,6 +557,42 @@ class Fleet:
                 waits.append(_stamp(processing) - _stamp(submitted))
         return waits
 
+    def _start_stages(
+        self, admin: httpx.Client, database_url: str, job_ids: list[str]
+    ) -> dict[str, list[float]]:
+        """Where each start's time went: queued (submit to PENDING, the scheduler), deploy
+        (PENDING to its last learner launched, the lifecycle manager), report (that launch to
+        the job's PROCESSING: the learners' first reports on the wire and stored)."""
+        launched: dict[str, float] = {}
+        store = Store(database_url)
+        try:
+            with store.read() as session:
+                rows = session.execute(
+                    select(DeployStep.job_id, func.max(DeployStep.done_at))
+                    .where(DeployStep.job_id.in_(job_ids), DeployStep.step.like("learner-%"))
+                    .group_by(DeployStep.job_id)
+                ).all()
+            launched = {job_id: _stamp(done_at.isoformat()) for job_id, done_at in rows}
+        finally:
+            store.dispose()
+        stages: dict[str, list[float]] = {"queued": [], "deploy": [], "report": []}
+        for job_id in job_ids:
+            events = admin.get(f"/v1/models/{job_id}").json().get("events") or []
+            firsts: dict[str, float] = {}
+            for event in events:
+                if event.get("learner") is None:
+                    firsts.setdefault(str(event.get("to")), _stamp(event["time"]))
+            queued, pending = firsts.get("QUEUED"), firsts.get("PENDING")
+            processing, launch = firsts.get("PROCESSING"), launched.get(job_id)
+            if None in (queued, pending, processing, launch):
+                continue
+            assert queued is not None and pending is not None
+            assert processing is not None and launch is not None
+            stages["queued"].append(pending - queued)
+            stages["deploy"].append(launch - pending)
+            stages["report"].append(processing - launch)
+        return stages
+
     def _lost(self, replica: LiveServer) -> int:
         """Jobs acknowledged but not stored (each must be there, in whatever status)."""
         lost = 0
@@ -506,6 +600,10 @@ class Fleet:
             if replica.client.get(f"/v1/models/{job_id}").status_code != 200:
                 lost += 1
         return lost
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
 
 
 def _stamp(value: Any) -> float:
@@ -520,11 +618,21 @@ def print_runs(runs: list[Run]) -> None:
                 "started/s",
                 "to PROCESSING p50",
                 "to PROCESSING p99",
+                "queued p50",
+                "queued p99",
+                "deploy p50",
+                "deploy p99",
+                "report p50",
+                "report p99",
                 "sched pass p50",
                 "sched pass p99",
                 "LCM pass p50",
                 "LCM pass p99",
             ],
+        ),
+        (
+            "loops: time in passes (% of the window)",
+            [f"{loop} %" for loop in TIMED_LOOPS],
         ),
         (
             "API latency (s)",
@@ -540,9 +648,13 @@ def print_runs(runs: list[Run]) -> None:
                 "lines/s",
                 "metrics/s",
                 "backlog",
+                "report p50 ms",
                 "report p99 ms",
+                "served p50 ms",
+                "served p99 ms",
                 "replicas CPU %",
                 "harness CPU %",
+                "CPU ms per post",
             ],
         ),
         (

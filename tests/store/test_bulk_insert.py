@@ -1,7 +1,8 @@
 """Many rows in one go on the driver's own statements (``store/bulk.py``), on a real SQLite
 file and a real PostgreSQL database: every row reads back through the ORM as it was given
 (JSON values, reserved column names, NULLs), more rows than one SQLite statement holds, and
-in the session's transaction: rolled back with it, and after its pending changes. A
+in the session's transaction: rolled back with it, and ahead of its pending changes, which
+stay pending. A
 PostgreSQL connection lost under a ``COPY`` is the database away, and leaves the pool."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from sqlalchemy import Table, select, text
 from ffdl.core.errors import Unavailable
 from ffdl.server.store.bulk import SQLITE_ROWS, insert_rows
 from ffdl.server.store.models import Job, LogLine, Metric
-from tests.server.factories import job_row, make_job, make_store, on_both_databases
+from tests.server.factories import make_job, make_store, on_both_databases
 
 LOG_LINES = cast(Table, LogLine.__table__)
 METRICS = cast(Table, Metric.__table__)
@@ -80,19 +81,25 @@ def test_json_values_reserved_names_and_nulls_read_back_as_given(
 
 
 @on_both_databases
-def test_rows_go_in_after_pending_changes_and_roll_back_with_the_transaction(
+def test_rows_go_in_at_once_ahead_of_pending_changes_and_roll_back_with_the_transaction(
     tmp_path: Path, database: str
 ) -> None:
     store = make_store(tmp_path, database)
+    make_job(store)
     with pytest.raises(RuntimeError), store.write() as session:
-        # The job is only pending in the session: its lines' foreign key needs it flushed.
-        session.add(job_row())
+        job = session.get(Job, "training-test")
+        assert job is not None
+        job.last_line_number = 1
         insert_rows(session, LOG_LINES, [_line(1)])
+        # The job's change is still pending (one flush at the end, not one per insert) ...
+        assert job in session.dirty
+        # ... and the line is in the transaction already.
         assert session.scalars(select(LogLine.text)).all() == [_line(1)["text"]]
         raise RuntimeError("abandoned")
     with store.read() as session:
         assert session.scalars(select(LogLine)).all() == []
-        assert session.get(Job, "training-test") is None
+        job = session.get(Job, "training-test")
+        assert job is not None and job.last_line_number == 0
 
 
 def test_no_rows_is_nothing(tmp_path: Path) -> None:

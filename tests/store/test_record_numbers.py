@@ -16,6 +16,7 @@ from ffdl.server.services.reports import ReportBatch, ingest_reports
 from ffdl.server.settings import Settings
 from ffdl.server.store.models import Job, Learner, LogLine
 from ffdl.server.store.transitions import utcnow
+from tests.integration.live import wait_for
 from tests.server.factories import database_url, make_job, on_both_databases, start_learner
 
 BATCHES = 12
@@ -130,3 +131,84 @@ def test_two_replicas_storing_interleaved_reports_number_each_job_from_one(
     finally:
         for platform in replicas:
             platform.close()
+
+
+@on_both_databases
+def test_records_and_statuses_of_one_job_stored_in_one_group_number_every_line_once(
+    tmp_path: Path, database: str
+) -> None:
+    """A batch of records only is stored without the ORM; a batch with a status through
+    the job's ORM object. In one group (one session), the second status batch must not
+    number its lines from the job's row as the first one left it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    settings = Settings(home=home, sandbox=False, database_url=database_url(home, database))
+    platform = build_platform(settings)
+    try:
+        store = platform.store
+        make_job(store, "training-a", tenant_id="default", user_id="admin")
+        start_learner(store, "training-a")
+        with store.write() as session:
+            session.add(
+                Learner(
+                    job_id="training-a",
+                    index=2,
+                    attempt=1,
+                    status="PROCESSING",
+                    node="node-a",
+                    gpu_ids=[],
+                    updated_at=utcnow(),
+                )
+            )
+        token = platform.job_tokens.issue("training-a")
+        held, release = threading.Event(), threading.Event()
+
+        def hold(_session: object) -> None:  # leads a group and keeps it open
+            held.set()
+            release.wait(timeout=60)
+
+        def line(seq: int, text: str) -> dict[str, object]:
+            return {"type": "log", "seq": seq, "time": 1e9 + seq, "text": text}
+
+        status = {"type": "status", "seq": 1, "time": 1e9, "status": "PROCESSING"}
+        batches = [
+            (1, [status, line(2, "a1"), line(3, "a2")]),  # through the ORM
+            (2, [line(1, "b1"), line(2, "b2")]),  # records only
+            (1, [{**status, "seq": 4}, line(5, "a3")]),  # through the ORM again
+        ]
+        acks: list[object] = []
+        errors: list[BaseException] = []
+
+        def send(learner: int, items: list[dict[str, object]]) -> None:
+            try:
+                batch = ReportBatch(attempt=1, items=items)
+                acks.append(ingest_reports(platform, "training-a", learner, token, batch))
+            except BaseException as exc:  # the test reports it below
+                errors.append(exc)
+
+        holder = threading.Thread(target=platform.report_writes.run, args=("a-holder", hold))
+        holder.start()
+        assert held.wait(timeout=30)
+        senders = []
+        for queued, (learner, items) in enumerate(batches, start=1):
+            sender = threading.Thread(target=send, args=(learner, items))
+            sender.start()
+            senders.append(sender)
+            wait_for(lambda queued=queued: platform.report_writes.waiting() == queued)
+        commits = platform.report_writes.commits
+        release.set()
+        for thread in [holder, *senders]:
+            thread.join(timeout=60)
+        assert errors == []
+        assert len(acks) == 3
+        # The three batches went in one transaction, after the holder's.
+        assert platform.report_writes.commits == commits + 2
+
+        with store.read() as session:
+            rows = session.query(LogLine).filter(LogLine.job_id == "training-a")
+            numbered = sorted((row.number, row.text) for row in rows)
+            job = session.get(Job, "training-a")
+            assert job is not None and job.last_line_number == 5
+        assert numbered == [(1, "a1"), (2, "a2"), (3, "b1"), (4, "b2"), (5, "a3")]
+    finally:
+        platform.close()

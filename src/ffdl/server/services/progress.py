@@ -19,17 +19,25 @@ CHIEF = 1
 
 def record_progress(job: Job, learner: int, attempt: int, reports: Iterable[Report]) -> None:
     """Fold ``reports`` (oldest first) of ``learner``'s attempt into ``job``'s progress."""
+    state = progressed(job.progress, learner, attempt, reports)
+    if state is not None:
+        job.progress = state
+        job.estimated_end_at = state.get("estimated_end_at")
+
+
+def progressed(
+    state: dict[str, Any] | None, learner: int, attempt: int, reports: Iterable[Report]
+) -> dict[str, Any] | None:
+    """A job's progress ``state`` with ``reports`` (oldest first) of ``learner``'s attempt
+    folded in, or None when they change nothing. Its ``estimated_end_at`` is the job's."""
     if learner != CHIEF:
-        return
-    state = job.progress
+        return None
     changed = False
     for report in reports:
         if report.has_progress:
             state = advance(state, report, attempt)
             changed = True
-    if changed and state is not None:
-        job.progress = state
-        job.estimated_end_at = state.get("estimated_end_at")
+    return state if changed else None
 
 
 def progress_view(job: Job, now: float) -> dict[str, Any] | None:

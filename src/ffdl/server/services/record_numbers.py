@@ -17,16 +17,17 @@ from ffdl.server.store.models import Job
 
 def number_lines(job: Job, rows: list[dict[str, Any]]) -> None:
     """Give ``rows`` (log lines about to be inserted, in order) the job's next numbers."""
-    job.last_line_number = _numbered(rows, job.last_line_number)
+    job.last_line_number = numbered(rows, job.last_line_number)
 
 
 def number_metrics(job: Job, rows: list[dict[str, Any]]) -> None:
     """Give ``rows`` (metrics about to be inserted, in order) the job's next numbers."""
-    job.last_metric_number = _numbered(rows, job.last_metric_number)
+    job.last_metric_number = numbered(rows, job.last_metric_number)
 
 
-def _numbered(rows: list[dict[str, Any]], last: int) -> int:
-    """Number ``rows`` on from ``last``; the new last number."""
+def numbered(rows: list[dict[str, Any]], last: int) -> int:
+    """Number ``rows`` on from ``last`` (the job's counter, read under its row lock); the
+    new last number, for the caller to store on the job's row."""
     for row in rows:
         last += 1
         row["number"] = last

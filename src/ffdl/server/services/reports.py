@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import Table, select
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import AuthError, BadRequest, ConflictError, Gone, IllegalTransition, NotFound
@@ -53,9 +53,9 @@ from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job
 from ffdl.server.services.gpu_samples import gpu_item_problem, record_gpu_samples
 from ffdl.server.services.learner_env import in_place_batch
-from ffdl.server.services.progress import record_progress
+from ffdl.server.services.progress import progressed, record_progress
 from ffdl.server.services.queries import current_learners
-from ffdl.server.services.record_numbers import number_lines, number_metrics
+from ffdl.server.services.record_numbers import number_lines, number_metrics, numbered
 from ffdl.server.store.bulk import insert_rows
 from ffdl.server.store.models import Job, Learner, LogLine, Metric
 from ffdl.server.store.transitions import set_learner_status, utcnow
@@ -66,6 +66,10 @@ MAX_BATCH_ITEMS = 5000
 # Report rows go in on the tables themselves (see ``_flush``).
 LOG_LINES = cast(Table, LogLine.__table__)
 METRICS = cast(Table, Metric.__table__)
+JOBS = cast(Table, Job.__table__)
+LEARNERS = cast(Table, Learner.__table__)
+# Items a batch of records only carries: it is stored without the ORM (``_store_records``).
+RECORD_KINDS = frozenset({"log", "emetric"})
 # The platform puts a learner in PENDING; a controller reports only what follows.
 REPORTABLE_STATUSES = frozenset(LearnerStatus) - {LearnerStatus.PENDING}
 
@@ -184,29 +188,167 @@ def _store_batch(
     batch: ReportBatch,
     parsed: list[_Parsed],
 ) -> _Stored:
-    status_changed = False
-    dropped = 0
     # The job's row locked first: one job's reports are stored one batch after another
     # even across replicas, so a batch sent twice is found stored, and the numbers of its
     # log lines and metrics (and the ids of its events) grow in commit order (what
     # followers read after).
-    job = session.get(Job, job_id, with_for_update=True)
+    head = _read_head(session, job_id, learner_index, batch.attempt)
+    if batch.attempt != head.attempt:
+        raise Gone(f"attempt {batch.attempt} of {job_id} was superseded")
+    fresh = _fresh_items(parsed, head.report_seq)
+    learner_done = LearnerStatus(head.learner_status) in TERMINAL_LEARNER_STATES
+    if is_terminal(JobStatus(head.status)) and (fresh or not learner_done):
+        raise Gone(f"{job_id} has ended ({head.status}); it takes no more reports")
+    if all(entry.kind in RECORD_KINDS or entry.problem is not None for entry in fresh):
+        return _store_records(session, head, job_id, learner_index, batch.attempt, fresh)
+    return _store_with_statuses(session, platform, job_id, learner_index, batch.attempt, fresh)
+
+
+class _Head(NamedTuple):
+    """What a report needs of its job's row (locked) and its learner's, read as values."""
+
+    status: str
+    attempt: int
+    desired: str | None
+    manifest: dict[str, Any]
+    gpus: int
+    learners: int
+    batch_size: int | None
+    placement: list[Any] | None
+    progress: dict[str, Any] | None
+    last_line_number: int
+    last_metric_number: int
+    learner_id: int
+    learner_status: str
+    report_seq: int
+
+
+# Built once: every report reads these two rows.
+_JOB_HEAD = (
+    select(
+        Job.status,
+        Job.attempt,
+        Job.desired,
+        Job.manifest,
+        Job.gpus,
+        Job.learners,
+        Job.batch_size,
+        Job.placement,
+        Job.progress,
+        Job.last_line_number,
+        Job.last_metric_number,
+    )
+    .where(Job.id == bindparam("job_id"))
+    .with_for_update()
+)
+_LEARNER_HEAD = select(Learner.id, Learner.status, Learner.report_seq).where(
+    Learner.job_id == bindparam("job_id"),
+    Learner.index == bindparam("index"),
+    Learner.attempt == bindparam("attempt"),
+)
+
+
+def _read_head(session: Session, job_id: str, learner_index: int, attempt: int) -> _Head:
+    connection = session.connection()
+    job = connection.execute(_JOB_HEAD, {"job_id": job_id}).first()
     if job is None:
         raise NotFound(f"no job {job_id!r}")
-    learner = session.scalars(
-        select(Learner).where(
-            Learner.job_id == job_id,
-            Learner.index == learner_index,
-            Learner.attempt == batch.attempt,
-        )
+    learner = connection.execute(
+        _LEARNER_HEAD, {"job_id": job_id, "index": learner_index, "attempt": attempt}
     ).first()
     if learner is None:
-        raise NotFound(f"no learner {learner_index} attempt {batch.attempt} in {job_id}")
-    if batch.attempt != job.attempt:
-        raise Gone(f"attempt {batch.attempt} of {job_id} was superseded")
-    fresh = _fresh_items(parsed, learner.report_seq)
-    if is_terminal(JobStatus(job.status)) and (fresh or not _learner_done(learner)):
-        raise Gone(f"{job_id} has ended ({job.status}); it takes no more reports")
+        raise NotFound(f"no learner {learner_index} attempt {attempt} in {job_id}")
+    return _Head._make((*job, *learner))
+
+
+def _store_records(
+    session: Session,
+    head: _Head,
+    job_id: str,
+    learner_index: int,
+    attempt: int,
+    fresh: list[_Parsed],
+) -> _Stored:
+    """A batch of log lines and metrics only (what learners send nearly every time): its
+    rows, then one update of the job's row and one of the learner's, with no ORM object
+    loaded or flushed (they were most of a small report's cost)."""
+    logs: list[dict[str, Any]] = []
+    metrics: list[dict[str, Any]] = []
+    reports: list[Report] = []
+    dropped = 0
+    for entry in fresh:
+        item = entry.item
+        if item is None or entry.problem is not None:
+            dropped += 1
+            reason = entry.problem or "malformed"
+            text = f"[ffdl] dropped {entry.kind} (report item {entry.seq}): {reason}"
+            logs.append(_warning_row(job_id, learner_index, attempt, entry.seq, text))
+        elif isinstance(item, CheckedLine):
+            logs.append(_log_row(job_id, learner_index, attempt, item))
+        else:
+            metrics.append(_metric_row(job_id, learner_index, attempt, item))
+            reports.append(Report.from_values(item.time, item.iteration, item.values))
+    job_changes: dict[str, Any] = {}
+    if logs:
+        job_changes["last_line_number"] = numbered(logs, head.last_line_number)
+        insert_rows(session, LOG_LINES, logs)
+    if metrics:
+        job_changes["last_metric_number"] = numbered(metrics, head.last_metric_number)
+        insert_rows(session, METRICS, metrics)
+    progress = progressed(head.progress, learner_index, attempt, reports)
+    if progress is not None:
+        job_changes["progress"] = progress
+        job_changes["estimated_end_at"] = progress.get("estimated_end_at")
+    connection = session.connection()
+    if job_changes:
+        connection.execute(update(JOBS).where(JOBS.c.id == job_id).values(**job_changes))
+    report_seq = fresh[-1].seq if fresh else head.report_seq
+    connection.execute(
+        update(LEARNERS)
+        .where(LEARNERS.c.id == head.learner_id)
+        .values(report_seq=report_seq, last_heartbeat=utcnow())
+    )
+    terminal = is_terminal(JobStatus(head.status))
+    learner_done = LearnerStatus(head.learner_status) in TERMINAL_LEARNER_STATES
+    ack = ReportAck(
+        accepted=len(fresh),
+        last_seq=report_seq,
+        halt=head.desired == "halt"
+        or head.status in (JobStatus.HALTING.value, JobStatus.RESCALING.value),
+        cancel=head.desired == "cancel" or (terminal and not learner_done),
+        dropped=dropped,
+        batch=in_place_batch(
+            head.manifest, head.gpus * head.learners, head.batch_size, head.placement
+        ),
+    )
+    return _Stored(ack, status_changed=False)
+
+
+def _store_with_statuses(
+    session: Session,
+    platform: Platform,
+    job_id: str,
+    learner_index: int,
+    attempt: int,
+    fresh: list[_Parsed],
+) -> _Stored:
+    """A batch that changes a status or carries GPU samples, through the job's and the
+    learner's ORM objects (the status gate and the fold into the job need them)."""
+    status_changed = False
+    dropped = 0
+    # Read anew even when the session holds them: a batch of records stored before this
+    # one in the same group changed both rows without the ORM.
+    job = session.get(Job, job_id, populate_existing=True)  # locked above
+    learner = session.scalars(
+        select(Learner)
+        .where(
+            Learner.job_id == job_id,
+            Learner.index == learner_index,
+            Learner.attempt == attempt,
+        )
+        .execution_options(populate_existing=True)
+    ).one()
+    assert job is not None
     learner.last_heartbeat = utcnow()
     logs: list[dict[str, Any]] = []
     metrics: list[dict[str, Any]] = []
@@ -218,11 +360,11 @@ def _store_batch(
             dropped += 1
             reason = entry.problem or "malformed"
             text = f"[ffdl] dropped {entry.kind} (report item {entry.seq}): {reason}"
-            logs.append(_warning_row(job_id, learner_index, batch.attempt, entry.seq, text))
+            logs.append(_warning_row(job_id, learner_index, attempt, entry.seq, text))
         elif isinstance(item, CheckedLine):
-            logs.append(_log_row(job_id, learner_index, batch.attempt, item))
+            logs.append(_log_row(job_id, learner_index, attempt, item))
         elif item.type == "emetric":
-            metrics.append(_metric_row(job_id, learner_index, batch.attempt, item))
+            metrics.append(_metric_row(job_id, learner_index, attempt, item))
             progress.append(Report.from_values(item.time, item.iteration, item.values))
         elif item.type == "gpu":
             gpu_readings.append((item.time, item.gpus))
@@ -233,10 +375,10 @@ def _store_batch(
             applied, warning = _apply_status(session, learner, item)
             status_changed |= applied
             if warning is not None:
-                row = _warning_row(job_id, learner_index, batch.attempt, item.seq, warning)
+                row = _warning_row(job_id, learner_index, attempt, item.seq, warning)
                 logs.append(row)
     _flush(session, job, logs, metrics)
-    record_progress(job, learner_index, batch.attempt, progress)
+    record_progress(job, learner_index, attempt, progress)
     record_gpu_samples(session, job, learner, gpu_readings, platform.settings)
     if fresh:
         learner.report_seq = fresh[-1].seq
@@ -364,9 +506,9 @@ def _flush(
 ) -> None:
     if not logs and not metrics:
         return
-    # The rows go in on the driver's own statements, after the session's pending changes:
-    # building them row by row through the ORM or the statement compiler was most of a
-    # report's cost on the server.
+    # The rows go in on the driver's own statements, now: building them row by row through
+    # the ORM or the statement compiler was most of a report's cost on the server. The
+    # job's new numbers and the learner's changes stay pending, flushed once at the end.
     if logs:
         number_lines(job, logs)
         insert_rows(session, LOG_LINES, logs)

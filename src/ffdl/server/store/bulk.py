@@ -14,7 +14,11 @@ rows go to the driver itself:
   its own statements, and a connection the copy found broken is invalidated, so that the
   pool drops it and the store answers the outage as any other.
 
-Either runs in the session's transaction, after the session's pending changes.
+Either runs in the session's transaction as soon as it is called, ahead of the session's
+pending changes, which are not flushed first: a report's updates of its job and learner
+rows then go out in one flush at its end, not one before each insert (each flush is a
+round trip and most of a small report's cost). Rows inserted here must not depend on
+objects still pending in the session.
 """
 
 from __future__ import annotations
@@ -36,10 +40,9 @@ Converters = Sequence[tuple[int, Callable[[Any], Any]]]
 
 def insert_rows(session: Session, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert ``rows`` (each mapping the same columns; the others take their defaults in
-    the database) into ``table`` in the session's transaction."""
+    the database) into ``table`` in the session's transaction, now (see the module)."""
     if not rows:
         return
-    session.flush()
     connection = session.connection()
     names = list(rows[0])
     values_of = itemgetter(*names)
