@@ -11,7 +11,8 @@ measures for ``--window`` seconds and prints one row per run:
 
 - submit → PROCESSING p50/p99 (from the jobs' own events), and where it went: queued
   (submit → PENDING), deploy (PENDING → the last learner launched) and report (that launch
-  → PROCESSING); scheduling and lifecycle-manager pass p50/p99 (``/metrics`` histograms);
+  → PROCESSING); scheduling and lifecycle-manager pass p50/p99 and each loop's share of
+  the window spent in its passes (``/metrics`` histograms);
 - API latency p50/p99 for submit, list (first and a deep page, by offset and by keyset),
   show and loglines, under that load;
 - report ingestion: log lines/s and metric points/s acknowledged, the harness's backlog,
@@ -504,7 +505,8 @@ class Fleet:
 
     def _seconds_in_passes(self, replicas: list[LiveServer]) -> dict[str, float]:
         """Seconds each loop has spent in its passes, over the replicas (only the leader's
-        count): a pass's wall time, its waits for the database and the interpreter in."""
+        count): a pass's wall time, its waits for the database and the interpreter in,
+        counted whole when it ends (a long pass begun before the window counts in it)."""
         spent: dict[str, float] = {}
         for replica in replicas:
             with contextlib.suppress(httpx.HTTPError):
