@@ -14,6 +14,7 @@ from ffdl.server.services import logs
 from ffdl.server.services.follow import Cursor, Wanted, poll
 from ffdl.server.services.reports import ReportBatch, ingest_reports
 from ffdl.server.settings import Settings
+from ffdl.server.store.db import Store
 from ffdl.server.store.models import Job, Learner, LogLine
 from ffdl.server.store.transitions import utcnow
 from tests.integration.live import wait_for
@@ -23,6 +24,21 @@ BATCHES = 12
 PER_BATCH = 5
 # (job, learner) pairs reporting at once: job "a" has two learners.
 WRITERS = (("training-a", 1), ("training-a", 2), ("training-b", 1))
+
+
+def _add_second_learner(store: Store, job_id: str) -> None:
+    with store.write() as session:
+        session.add(
+            Learner(
+                job_id=job_id,
+                index=2,
+                attempt=1,
+                status="PROCESSING",
+                node="node-a",
+                gpu_ids=[],
+                updated_at=utcnow(),
+            )
+        )
 
 
 def _items(learner: int, batch: int) -> list[dict[str, object]]:
@@ -50,18 +66,7 @@ def test_two_replicas_storing_interleaved_reports_number_each_job_from_one(
         for job_id in ("training-a", "training-b"):
             make_job(store, job_id, tenant_id="default", user_id="admin")
             start_learner(store, job_id)
-        with store.write() as session:
-            session.add(
-                Learner(
-                    job_id="training-a",
-                    index=2,
-                    attempt=1,
-                    status="PROCESSING",
-                    node="node-a",
-                    gpu_ids=[],
-                    updated_at=utcnow(),
-                )
-            )
+        _add_second_learner(store, "training-a")
         errors: list[BaseException] = []
 
         def report(job_id: str, learner: int) -> None:
@@ -148,18 +153,7 @@ def test_records_and_statuses_of_one_job_stored_in_one_group_number_every_line_o
         store = platform.store
         make_job(store, "training-a", tenant_id="default", user_id="admin")
         start_learner(store, "training-a")
-        with store.write() as session:
-            session.add(
-                Learner(
-                    job_id="training-a",
-                    index=2,
-                    attempt=1,
-                    status="PROCESSING",
-                    node="node-a",
-                    gpu_ids=[],
-                    updated_at=utcnow(),
-                )
-            )
+        _add_second_learner(store, "training-a")
         token = platform.job_tokens.issue("training-a")
         held, release = threading.Event(), threading.Event()
 
@@ -189,12 +183,16 @@ def test_records_and_statuses_of_one_job_stored_in_one_group_number_every_line_o
         holder = threading.Thread(target=platform.report_writes.run, args=("a-holder", hold))
         holder.start()
         assert held.wait(timeout=30)
-        senders = []
-        for queued, (learner, items) in enumerate(batches, start=1):
+        senders: list[threading.Thread] = []
+
+        def all_queued() -> bool:  # each batch in line before the next is sent: in order
+            return platform.report_writes.waiting() == len(senders)
+
+        for learner, items in batches:
             sender = threading.Thread(target=send, args=(learner, items))
             sender.start()
             senders.append(sender)
-            wait_for(lambda queued=queued: platform.report_writes.waiting() == queued)
+            wait_for(all_queued)
         commits = platform.report_writes.commits
         release.set()
         for thread in [holder, *senders]:

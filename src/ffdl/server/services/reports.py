@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -261,6 +261,35 @@ def _read_head(session: Session, job_id: str, learner_index: int, attempt: int) 
     return _Head._make((*job, *learner))
 
 
+@dataclass(slots=True)
+class _Records:
+    """The rows of a batch's log lines and metrics, and a warning line for each item
+    dropped, in the order they came; the metrics' progress reports beside them."""
+
+    job_id: str
+    learner: int
+    attempt: int
+    logs: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    reports: list[Report] = field(default_factory=list)
+    dropped: int = 0
+
+    def add(self, entry: _Parsed) -> None:
+        """``entry``: a log line, a metric, or an item to drop (any kind)."""
+        item = entry.item
+        if item is None or entry.problem is not None:
+            self.dropped += 1
+            reason = entry.problem or "malformed"
+            text = f"[ffdl] dropped {entry.kind} (report item {entry.seq}): {reason}"
+            warning = _warning_row(self.job_id, self.learner, self.attempt, entry.seq, text)
+            self.logs.append(warning)
+        elif isinstance(item, CheckedLine):
+            self.logs.append(_log_row(self.job_id, self.learner, self.attempt, item))
+        else:
+            self.metrics.append(_metric_row(self.job_id, self.learner, self.attempt, item))
+            self.reports.append(Report.from_values(item.time, item.iteration, item.values))
+
+
 def _store_records(
     session: Session,
     head: _Head,
@@ -272,22 +301,10 @@ def _store_records(
     """A batch of log lines and metrics only (what learners send nearly every time): its
     rows, then one update of the job's row and one of the learner's, with no ORM object
     loaded or flushed (they were most of a small report's cost)."""
-    logs: list[dict[str, Any]] = []
-    metrics: list[dict[str, Any]] = []
-    reports: list[Report] = []
-    dropped = 0
+    records = _Records(job_id, learner_index, attempt)
     for entry in fresh:
-        item = entry.item
-        if item is None or entry.problem is not None:
-            dropped += 1
-            reason = entry.problem or "malformed"
-            text = f"[ffdl] dropped {entry.kind} (report item {entry.seq}): {reason}"
-            logs.append(_warning_row(job_id, learner_index, attempt, entry.seq, text))
-        elif isinstance(item, CheckedLine):
-            logs.append(_log_row(job_id, learner_index, attempt, item))
-        else:
-            metrics.append(_metric_row(job_id, learner_index, attempt, item))
-            reports.append(Report.from_values(item.time, item.iteration, item.values))
+        records.add(entry)
+    logs, metrics = records.logs, records.metrics
     job_changes: dict[str, Any] = {}
     if logs:
         job_changes["last_line_number"] = numbered(logs, head.last_line_number)
@@ -295,7 +312,7 @@ def _store_records(
     if metrics:
         job_changes["last_metric_number"] = numbered(metrics, head.last_metric_number)
         insert_rows(session, METRICS, metrics)
-    progress = progressed(head.progress, learner_index, attempt, reports)
+    progress = progressed(head.progress, learner_index, attempt, records.reports)
     if progress is not None:
         job_changes["progress"] = progress
         job_changes["estimated_end_at"] = progress.get("estimated_end_at")
@@ -316,7 +333,7 @@ def _store_records(
         halt=head.desired == "halt"
         or head.status in (JobStatus.HALTING.value, JobStatus.RESCALING.value),
         cancel=head.desired == "cancel" or (terminal and not learner_done),
-        dropped=dropped,
+        dropped=records.dropped,
         batch=in_place_batch(
             head.manifest, head.gpus * head.learners, head.batch_size, head.placement
         ),
@@ -335,7 +352,6 @@ def _store_with_statuses(
     """A batch that changes a status or carries GPU samples, through the job's and the
     learner's ORM objects (the status gate and the fold into the job need them)."""
     status_changed = False
-    dropped = 0
     # Read anew even when the session holds them: a batch of records stored before this
     # one in the same group changed both rows without the ORM.
     job = session.get(Job, job_id, populate_existing=True)  # locked above
@@ -350,22 +366,13 @@ def _store_with_statuses(
     ).one()
     assert job is not None
     learner.last_heartbeat = utcnow()
-    logs: list[dict[str, Any]] = []
-    metrics: list[dict[str, Any]] = []
-    progress: list[Report] = []
+    records = _Records(job_id, learner_index, attempt)
+    logs, metrics = records.logs, records.metrics
     gpu_readings: list[tuple[float, list[dict[str, Any]]]] = []
     for entry in fresh:
         item = entry.item
-        if item is None or entry.problem is not None:
-            dropped += 1
-            reason = entry.problem or "malformed"
-            text = f"[ffdl] dropped {entry.kind} (report item {entry.seq}): {reason}"
-            logs.append(_warning_row(job_id, learner_index, attempt, entry.seq, text))
-        elif isinstance(item, CheckedLine):
-            logs.append(_log_row(job_id, learner_index, attempt, item))
-        elif item.type == "emetric":
-            metrics.append(_metric_row(job_id, learner_index, attempt, item))
-            progress.append(Report.from_values(item.time, item.iteration, item.values))
+        if entry.problem is not None or not isinstance(item, ReportItem) or item.type == "emetric":
+            records.add(entry)
         elif item.type == "gpu":
             gpu_readings.append((item.time, item.gpus))
         else:
@@ -378,7 +385,7 @@ def _store_with_statuses(
                 row = _warning_row(job_id, learner_index, attempt, item.seq, warning)
                 logs.append(row)
     _flush(session, job, logs, metrics)
-    record_progress(job, learner_index, attempt, progress)
+    record_progress(job, learner_index, attempt, records.reports)
     record_gpu_samples(session, job, learner, gpu_readings, platform.settings)
     if fresh:
         learner.report_seq = fresh[-1].seq
@@ -391,7 +398,7 @@ def _store_with_statuses(
         halt=job.desired == "halt"
         or job.status in (JobStatus.HALTING.value, JobStatus.RESCALING.value),
         cancel=job.desired == "cancel" or (terminal and not _learner_done(learner)),
-        dropped=dropped,
+        dropped=records.dropped,
         batch=in_place_batch(job.manifest, job.gpus * job.learners, job.batch_size, job.placement),
     )
     return _Stored(ack, status_changed)
