@@ -108,6 +108,64 @@ def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | 
     return None
 
 
+PASSES = "ffdl_loop_pass_duration_seconds"
+REQUESTS = "ffdl_api_request_duration_seconds"
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """Every replica's ``/metrics`` at one moment, summed over the replicas: each
+    histogram's cumulative buckets and its ``_sum``, by family and label set."""
+
+    buckets: dict[tuple[str, frozenset[tuple[str, str]]], dict[float, float]]
+    sums: dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+    def buckets_since(
+        self, before: Scrape, family: str, labels: dict[str, str]
+    ) -> list[tuple[float, float]]:
+        """(upper bound, count) of the series of ``family`` that carry ``labels``, counted
+        since ``before``."""
+        now, then = self._bucket_totals(family, labels), before._bucket_totals(family, labels)
+        return [(bound, now[bound] - then.get(bound, 0.0)) for bound in sorted(now)]
+
+    def sum(self, family: str, labels: dict[str, str]) -> float:
+        """The ``_sum`` of the series of ``family`` that carry ``labels``."""
+        wanted = set(labels.items())
+        return sum(v for (name, ls), v in self.sums.items() if name == family and wanted <= ls)
+
+    def _bucket_totals(self, family: str, labels: dict[str, str]) -> dict[float, float]:
+        wanted = set(labels.items())
+        totals: dict[float, float] = {}
+        for (name, ls), counts in self.buckets.items():
+            if name == family and wanted <= ls:
+                for bound, count in counts.items():
+                    totals[bound] = totals.get(bound, 0.0) + count
+        return totals
+
+
+def scrape_histograms(replicas: list[LiveServer]) -> Scrape:
+    """One ``/metrics`` page from each replica, read once (a page is over a MiB at 10,000
+    nodes); a replica that does not answer counts nothing."""
+    buckets: dict[tuple[str, frozenset[tuple[str, str]]], dict[float, float]] = {}
+    sums: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for replica in replicas:
+        with contextlib.suppress(httpx.HTTPError):
+            page = replica.client.get("/metrics").text
+            for family in text_string_to_metric_families(page):
+                if family.name not in (PASSES, REQUESTS):
+                    continue
+                for sample in family.samples:
+                    labels = {k: v for k, v in sample.labels.items() if k != "le"}
+                    key = (family.name, frozenset(labels.items()))
+                    if sample.name.endswith("_bucket"):
+                        counts = buckets.setdefault(key, {})
+                        bound = float(sample.labels["le"])
+                        counts[bound] = counts.get(bound, 0.0) + sample.value
+                    elif sample.name.endswith("_sum"):
+                        sums[key] = sums.get(key, 0.0) + sample.value
+    return Scrape(buckets, sums)
+
+
 def arrivals(count: int, mean_gap_s: float, seed: int) -> list[tuple[float, int]]:
     """``count`` (gap, GPUs) pairs from the Philly trace, gaps scaled to ``mean_gap_s``."""
     jobs = load_philly(None, TraceFilter(sample=1.0, seed=seed), max_gpus=64)
@@ -403,9 +461,7 @@ class Fleet:
         harness = httpx.Client(base_url=harness_url, timeout=30)
         before_stats = harness.get("/stats").json()
         before_harness_cpu = process_cpu_s(harness_pid)
-        before_loops = {loop: self._loop_buckets(replicas, loop) for loop in LOOPS}
-        before_reports = self._report_buckets(replicas)
-        before_in_passes = self._seconds_in_passes(replicas)
+        before = scrape_histograms(replicas)
         before_cpu = sum(process_cpu_s(pid) for pid in pids)
         before_db = database_bytes(database_url, home)
         with self.lock:
@@ -417,9 +473,7 @@ class Fleet:
         elapsed = time.monotonic() - started
         after_stats = harness.get("/stats").json()
         after_harness_cpu = process_cpu_s(harness_pid)
-        after_loops = {loop: self._loop_buckets(replicas, loop) for loop in LOOPS}
-        after_reports = self._report_buckets(replicas)
-        after_in_passes = self._seconds_in_passes(replicas)
+        after = scrape_histograms(replicas)
         after_cpu = sum(process_cpu_s(pid) for pid in pids)
         after_db = database_bytes(database_url, home)
         with self.lock:
@@ -428,19 +482,9 @@ class Fleet:
         for thread in threads:
             thread.join(timeout=120)
 
-        to_processing = self._to_processing(admin, measured)
-        stages = self._start_stages(admin, database_url, measured)
-        passes = {
-            loop: [
-                (bound, after_loops[loop].get(bound, 0) - before_loops[loop].get(bound, 0))
-                for bound in sorted(after_loops[loop])
-            ]
-            for loop in LOOPS
-        }
-        served = [
-            (bound, after_reports.get(bound, 0) - before_reports.get(bound, 0))
-            for bound in sorted(after_reports)
-        ]
+        to_processing, stages = self._starts(admin, database_url, measured)
+        passes = {loop: after.buckets_since(before, PASSES, {"loop": loop}) for loop in LOOPS}
+        served = after.buckets_since(before, REQUESTS, {"route": REPORTS})
         lines = after_stats["lines_acked"] - before_stats["lines_acked"]
         metrics = after_stats["metrics_acked"] - before_stats["metrics_acked"]
         scrape_started = time.perf_counter()
@@ -482,7 +526,7 @@ class Fleet:
             else None,
         }
         for loop in TIMED_LOOPS:
-            spent = after_in_passes.get(loop, 0.0) - before_in_passes.get(loop, 0.0)
+            spent = after.sum(PASSES, {"loop": loop}) - before.sum(PASSES, {"loop": loop})
             figures[f"{loop} %"] = spent / elapsed * 100
         for name, values in stages.items():
             figures[f"{name} p50"] = quantile(values, 0.5)
@@ -497,75 +541,13 @@ class Fleet:
         )
         return figures
 
-    def _loop_buckets(self, replicas: list[LiveServer], loop: str) -> dict[float, float]:
-        return self._buckets(replicas, "ffdl_loop_pass_duration_seconds", {"loop": loop})
-
-    def _report_buckets(self, replicas: list[LiveServer]) -> dict[float, float]:
-        return self._buckets(replicas, "ffdl_api_request_duration_seconds", {"route": REPORTS})
-
-    def _seconds_in_passes(self, replicas: list[LiveServer]) -> dict[str, float]:
-        """Seconds each loop has spent in its passes, over the replicas (only the leader's
-        count): a pass's wall time, its waits for the database and the interpreter in,
-        counted whole when it ends (a long pass begun before the window counts in it)."""
-        spent: dict[str, float] = {}
-        for replica in replicas:
-            with contextlib.suppress(httpx.HTTPError):
-                page = replica.client.get("/metrics").text
-                for family in text_string_to_metric_families(page):
-                    if family.name != "ffdl_loop_pass_duration_seconds":
-                        continue
-                    for sample in family.samples:
-                        if sample.name.endswith("_sum"):
-                            loop = sample.labels.get("loop", "")
-                            spent[loop] = spent.get(loop, 0.0) + sample.value
-        return spent
-
-    def _buckets(
-        self, replicas: list[LiveServer], histogram: str, labels: dict[str, str]
-    ) -> dict[float, float]:
-        """A histogram's cumulative buckets, summed over the replicas and the series that
-        carry ``labels``."""
-        buckets: dict[float, float] = {}
-        for replica in replicas:
-            with contextlib.suppress(httpx.HTTPError):
-                page = replica.client.get("/metrics").text
-                for family in text_string_to_metric_families(page):
-                    if family.name != histogram:
-                        continue
-                    for sample in family.samples:
-                        if not sample.name.endswith("_bucket"):
-                            continue
-                        if any(sample.labels.get(k) != v for k, v in labels.items()):
-                            continue
-                        bound = float(sample.labels["le"])
-                        buckets[bound] = buckets.get(bound, 0) + sample.value
-        return buckets
-
-    def _to_processing(self, admin: httpx.Client, job_ids: list[str]) -> list[float]:
-        waits = []
-        for job_id in job_ids:
-            model = admin.get(f"/v1/models/{job_id}").json()
-            events = model.get("events") or []
-            submitted = next((e["time"] for e in events if e.get("to") == "QUEUED"), None)
-            processing = next(
-                (
-                    e["time"]
-                    for e in events
-                    if e.get("to") == "PROCESSING" and e.get("learner") is None
-                ),
-                None,
-            )
-            if submitted is not None and processing is not None:
-                waits.append(_stamp(processing) - _stamp(submitted))
-        return waits
-
-    def _start_stages(
+    def _starts(
         self, admin: httpx.Client, database_url: str, job_ids: list[str]
-    ) -> dict[str, list[float]]:
-        """Where each start's time went: queued (submit to PENDING, the scheduler), deploy
-        (PENDING to its last learner launched, the lifecycle manager), report (that launch to
-        the job's PROCESSING: the learners' first reports on the wire and stored)."""
-        launched: dict[str, float] = {}
+    ) -> tuple[list[float], dict[str, list[float]]]:
+        """Each start's submit → PROCESSING (from the job's own events), and where it went:
+        queued (submit to PENDING, the scheduler), deploy (PENDING to its last learner
+        launched, the lifecycle manager), report (that launch to the job's PROCESSING: the
+        learners' first reports on the wire and stored)."""
         store = Store(database_url)
         try:
             with store.read() as session:
@@ -574,9 +556,10 @@ class Fleet:
                     .where(DeployStep.job_id.in_(job_ids), DeployStep.step.like("learner-%"))
                     .group_by(DeployStep.job_id)
                 ).all()
-            launched = {job_id: _stamp(done_at.isoformat()) for job_id, done_at in rows}
         finally:
             store.dispose()
+        launched = {job_id: _stamp(done_at.isoformat()) for job_id, done_at in rows}
+        waits: list[float] = []
         stages: dict[str, list[float]] = {"queued": [], "deploy": [], "report": []}
         for job_id in job_ids:
             events = admin.get(f"/v1/models/{job_id}").json().get("events") or []
@@ -584,16 +567,16 @@ class Fleet:
             for event in events:
                 if event.get("learner") is None:
                     firsts.setdefault(str(event.get("to")), _stamp(event["time"]))
-            queued, pending = firsts.get("QUEUED"), firsts.get("PENDING")
-            processing, launch = firsts.get("PROCESSING"), launched.get(job_id)
-            if None in (queued, pending, processing, launch):
+            queued, processing = firsts.get("QUEUED"), firsts.get("PROCESSING")
+            if queued is None or processing is None:
                 continue
-            assert queued is not None and pending is not None
-            assert processing is not None and launch is not None
-            stages["queued"].append(pending - queued)
-            stages["deploy"].append(launch - pending)
-            stages["report"].append(processing - launch)
-        return stages
+            waits.append(processing - queued)
+            pending, launch = firsts.get("PENDING"), launched.get(job_id)
+            if pending is not None and launch is not None:
+                stages["queued"].append(pending - queued)
+                stages["deploy"].append(launch - pending)
+                stages["report"].append(processing - launch)
+        return waits, stages
 
     def _lost(self, replica: LiveServer) -> int:
         """Jobs acknowledged but not stored (each must be there, in whatever status)."""

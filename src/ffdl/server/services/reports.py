@@ -325,14 +325,14 @@ def _store_records(
         .where(LEARNERS.c.id == head.learner_id)
         .values(report_seq=report_seq, last_heartbeat=utcnow())
     )
-    terminal = is_terminal(JobStatus(head.status))
-    learner_done = LearnerStatus(head.learner_status) in TERMINAL_LEARNER_STATES
     ack = ReportAck(
         accepted=len(fresh),
         last_seq=report_seq,
         halt=head.desired == "halt"
         or head.status in (JobStatus.HALTING.value, JobStatus.RESCALING.value),
-        cancel=head.desired == "cancel" or (terminal and not learner_done),
+        # An ended job with this learner still running was refused above (``Gone``), and
+        # records change no status: only a cancel asked for remains to tell.
+        cancel=head.desired == "cancel",
         dropped=records.dropped,
         batch=in_place_batch(
             head.manifest, head.gpus * head.learners, head.batch_size, head.placement
