@@ -6,8 +6,9 @@
 the ``simulated`` backend: a load-testing harness process (``ffdl.loadtest.harness``) plays
 every learner on the wire. Jobs arrive with the gaps of the Philly trace (``data/``,
 scaled to keep ``--learners`` learners running), their sizes from the trace, across four
-tenants and three priorities, one in five elastic. After a ramp of one job length it
-measures for ``--window`` seconds and prints one row per run:
+tenants and three priorities, one in five elastic. Replicas on PostgreSQL divide the loops
+among themselves (``--loops together`` keeps them in one, to compare). After a ramp of one
+job length it measures for ``--window`` seconds and prints one row per run:
 
 - submit → PROCESSING p50/p99 (from the jobs' own events), and where it went: queued
   (submit → PENDING), deploy (PENDING → the last learner launched) and report (that launch
@@ -16,7 +17,8 @@ measures for ``--window`` seconds and prints one row per run:
 - API latency p50/p99 for submit, list (first and a deep page, by offset and by keyset),
   show and loglines, under that load;
 - report ingestion: log lines/s and metric points/s acknowledged, the harness's backlog,
-  and the CPU the replicas and the harness took meanwhile (per cent of one core);
+  and the CPU the replicas (all, and the busiest one) and the harness took meanwhile (per
+  cent of one core);
 - each replica's RSS, the database's growth per million log lines, one ``/metrics``
   scrape's time and size, control-plane CPU seconds per job start.
 
@@ -302,6 +304,8 @@ class Fleet:
                 "heartbeat_s": 2.0,
                 "heartbeat_timeout_s": 60.0,
                 "database_url": database_url,
+                "spread_loops": args.loops == "spread",
+                "report_records_at_once": args.records_at_once,
                 "backend": "simulated",
                 "sandbox": False,
                 "gpu_sample_s": 0,
@@ -462,7 +466,8 @@ class Fleet:
         before_stats = harness.get("/stats").json()
         before_harness_cpu = process_cpu_s(harness_pid)
         before = scrape_histograms(replicas)
-        before_cpu = sum(process_cpu_s(pid) for pid in pids)
+        before_each = [process_cpu_s(pid) for pid in pids]
+        before_cpu = sum(before_each)
         before_db = database_bytes(database_url, home)
         with self.lock:
             first_measured = len(self.submitted)
@@ -474,7 +479,8 @@ class Fleet:
         after_stats = harness.get("/stats").json()
         after_harness_cpu = process_cpu_s(harness_pid)
         after = scrape_histograms(replicas)
-        after_cpu = sum(process_cpu_s(pid) for pid in pids)
+        after_each = [process_cpu_s(pid) for pid in pids]
+        after_cpu = sum(after_each)
         after_db = database_bytes(database_url, home)
         with self.lock:
             measured = list(self.submitted[first_measured:])
@@ -511,6 +517,9 @@ class Fleet:
             "served p99 ms": _ms(histogram_quantile(served, 0.99)),
             # Of one core: where the two cores went while the reports poured in.
             "replicas CPU %": (after_cpu - before_cpu) / elapsed * 100,
+            "busiest replica %": max(a - b for a, b in zip(after_each, before_each, strict=True))
+            / elapsed
+            * 100,
             "harness CPU %": (after_harness_cpu - before_harness_cpu) / elapsed * 100,
             # Every learner posts about once a second: what each post cost the replicas,
             # whatever else they did meanwhile (loops, API calls) counted in.
@@ -638,6 +647,7 @@ def print_runs(runs: list[Run]) -> None:
                 "served p50 ms",
                 "served p99 ms",
                 "replicas CPU %",
+                "busiest replica %",
                 "harness CPU %",
                 "CPU ms per post",
             ],
@@ -695,6 +705,18 @@ def main() -> dict[str, float]:
     parser.add_argument("--metrics-per-s", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--records-at-once",
+        type=int,
+        default=8,
+        help="each replica's report_records_at_once (records-only batches stored at once)",
+    )
+    parser.add_argument(
+        "--loops",
+        choices=("spread", "together"),
+        default="spread",
+        help="replicas on PostgreSQL divide the loops (spread) or one runs them all (together)",
+    )
+    parser.add_argument(
         "--logs", type=Path, default=None, help="keep each run's replica and harness logs here"
     )
     args, _ = parser.parse_known_args()
@@ -707,6 +729,8 @@ def main() -> dict[str, float]:
     for setup in setups:
         if setup.store not in ("sqlite", "postgres") or setup.replicas < 1:
             parser.error(f"--setups: unknown store or replica count in {setup}")
+    if args.records_at_once < 1:
+        parser.error("--records-at-once must be at least 1")
     runs = []
     for nodes in node_counts:
         for stored in stored_counts:

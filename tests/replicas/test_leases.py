@@ -20,7 +20,9 @@ from tests.integration.live import wait_for
 from tests.server.factories import DATABASES, make_job, make_store
 
 
-def keeper(store: Store, name: str, *, ttl_s: float = 30.0, hang_s: float = 60.0) -> LeaseKeeper:
+def keeper(
+    store: Store, name: str, *, ttl_s: float = 30.0, hang_s: float = 60.0, spread: bool = False
+) -> LeaseKeeper:
     return LeaseKeeper(
         store,
         replica_id=name,
@@ -28,7 +30,25 @@ def keeper(store: Store, name: str, *, ttl_s: float = 30.0, hang_s: float = 60.0
         version="test",
         ttl_s=ttl_s,
         hang_s=hang_s,
+        spread=spread,
     )
+
+
+def one_holder_each(keepers: list[LeaseKeeper]) -> None:
+    """No loop is run by two keepers at once, by their own clocks."""
+    for name in LOOPS:
+        running = [k.replica_id for k in keepers if k.fence(name) is not None]
+        assert len(running) <= 1, (name, running)
+
+
+def tick_until_spread(keepers: list[LeaseKeeper], each: int, *, rounds: int) -> None:
+    for _ in range(rounds):
+        for k in keepers:
+            k.tick()
+            one_holder_each(keepers)
+        if all(len(k.held()) == each for k in keepers):
+            return
+    raise AssertionError({k.replica_id: k.held() for k in keepers})
 
 
 @pytest.fixture(params=DATABASES)
@@ -124,6 +144,58 @@ def test_a_replica_whose_process_died_on_this_host_is_taken_over_at_once(store: 
         replica.pid = gone.pid
     b = keeper(store, "b")
     assert sorted(b.tick()) == sorted(LOOPS), "the dead process's 30 s leases are not waited out"
+
+
+def test_spreading_replicas_divide_the_loops_with_one_holder_at_every_step(store: Store) -> None:
+    a = keeper(store, "a", spread=True)
+    assert sorted(a.tick()) == sorted(LOOPS), "alone, a replica runs every loop"
+    b, c = keeper(store, "b", spread=True), keeper(store, "c", spread=True)
+    # Each round the first replica hands one lease over and the others take what is free,
+    # up to their share of ceil(6 / 3) = 2.
+    tick_until_spread([a, b, c], 2, rounds=8)
+    assert "scheduler" in a.held(), "the busiest loops leave the first replica first"
+    with store.read() as session:
+        tokens = {lease.name: lease.token for lease in session.query(Lease)}
+    for _ in range(3):
+        assert a.tick() == [] and b.tick() == [] and c.tick() == [], "settled"
+    with store.read() as session:
+        assert {lease.name: lease.token for lease in session.query(Lease)} == tokens
+        holders = [lease.holder for lease in session.query(Lease)]
+    assert sorted(holders) == ["a", "a", "b", "b", "c", "c"]
+
+
+def test_a_spread_replica_that_stops_is_taken_over_and_gets_a_share_back_later(
+    store: Store,
+) -> None:
+    a, b, c = (keeper(store, name, ttl_s=1.0, spread=True) for name in "abc")
+    tick_until_spread([a, b, c], 2, rounds=8)
+    before = {name: fence.token for name in c.held() if (fence := c.fence(name)) is not None}
+
+    def survivors_take_over() -> bool:
+        a.tick()
+        b.tick()
+        one_holder_each([a, b])
+        return len(a.held()) == len(b.held()) == 3
+
+    # c stops renewing (dead or frozen): a and b take its two loops once they run out.
+    wait_for(survivors_take_over, timeout=10, interval=0.05, what="a and b take c's loops")
+    assert all(c.fence(name) is None for name in LOOPS), "c's own clock says they ran out"
+    # c comes back: it gets a share again, each lease with a new token.
+    tick_until_spread([a, b, c], 2, rounds=8)
+    for name in c.held():
+        fence = c.fence(name)
+        assert fence is not None and fence.token > before.get(name, 0)
+
+
+def test_spreading_does_not_leave_a_lease_free_when_every_replica_has_its_share(
+    store: Store,
+) -> None:
+    a, b = keeper(store, "a", spread=True), keeper(store, "b", spread=True)
+    tick_until_spread([a, b], 3, rounds=8)
+    taken = a.held()
+    a.release()
+    # b holds its share already, and no live replica is below it: it takes a's at once.
+    assert sorted(b.tick()) == taken
 
 
 def test_two_transactions_cannot_both_move_a_job_from_the_same_status(tmp_path: Path) -> None:

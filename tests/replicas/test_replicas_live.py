@@ -1,5 +1,6 @@
 """Real ``ffdl up`` replicas sharing one PostgreSQL database and home: one runs each loop,
-another takes over when it dies or freezes, and no job is lost, duplicated or started twice."""
+the loops spread over the replicas, another takes over when one dies or freezes, and no job
+is lost, duplicated or started twice."""
 
 from __future__ import annotations
 
@@ -52,9 +53,19 @@ def starts(replica: LiveServer, job_id: str) -> list[str]:
     ]
 
 
+def wait_until_spread(asking: LiveServer) -> None:
+    def spread() -> bool:
+        alive = [r for r in control_plane(asking)["replicas"] if r["alive"]]
+        return [len(r["leads"]) for r in alive] == [2, 2, 2]
+
+    wait_for(spread, timeout=30, interval=0.2, what="the loops spread two to each replica")
+
+
 def test_every_replica_serves_one_leads_each_loop_and_a_rolling_restart_loses_nothing(
     replicas: list[LiveServer],
 ) -> None:
+    # The first replica up takes every loop, then hands them over until each leads its share.
+    wait_until_spread(replicas[2])
     view = control_plane(replicas[2])
     alive = [r for r in view["replicas"] if r["alive"]]
     assert len(alive) == 3
@@ -77,7 +88,9 @@ def test_every_replica_serves_one_leads_each_loop_and_a_rolling_restart_loses_no
     after = control_plane(replicas[0])
     assert sum(1 for r in after["replicas"] if r["alive"]) == 3
     assert sum(1 for r in after["replicas"] if not r["alive"]) == 3, "the stopped ones"
-    # What an operator reads: every replica, up or gone, and who runs each loop.
+    # What an operator reads: every replica, up or gone, and who runs each loop (once the
+    # restarted replicas have their shares again, so that no lease is between holders).
+    wait_until_spread(replicas[2])
     shown = ffdl(replicas[2], "--url", replicas[2].url, "status")
     assert shown.returncode == 0, shown.stderr
     rows = shown.stdout.splitlines()
@@ -116,7 +129,9 @@ def test_killing_the_leader_hands_the_loops_over_and_loses_nothing(
     assert sorted(m["model_id"] for m in listed) == sorted(jobs), "none lost or duplicated"
 
 
-def test_a_frozen_leader_loses_its_leases_and_stays_deposed(replicas: list[LiveServer]) -> None:
+def test_a_frozen_leader_loses_its_leases_and_returns_without_its_old_tokens(
+    replicas: list[LiveServer],
+) -> None:
     asking = replicas[2]
     old = leader(asking, "scheduler")
     assert old is not None
@@ -136,11 +151,11 @@ def test_a_frozen_leader_loses_its_leases_and_stays_deposed(replicas: list[LiveS
         other.wait_status(job_id, {"COMPLETED"}, timeout=60)
     finally:
         os.kill(frozen.proc.pid, signal.SIGCONT)
-    # Back from its pause, the old leader serves requests but leads nothing: its clock
-    # says its leases ran out, and the new holders renew theirs.
+    # Back from its pause, the old leader serves requests but holds none of its old leases:
+    # its clock says they ran out. It may be given a share again, each lease with a new token.
     tokens = {x["name"]: x["token"] for x in control_plane(other)["leases"]}
     wait_for(lambda: frozen.client.get("/health").status_code == 200, timeout=15)
-    mine = next(r for r in control_plane(frozen)["replicas"] if r["id"] == old)
-    assert mine["leads"] == []
-    assert {x["name"]: x["token"] for x in control_plane(frozen)["leases"]} == tokens
+    for lease in control_plane(frozen)["leases"]:
+        if lease["holder"] == old:
+            assert lease["token"] > tokens[lease["name"]], lease
     assert starts(other, job_id) and len(starts(other, job_id)) == 1

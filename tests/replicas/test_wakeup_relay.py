@@ -23,6 +23,8 @@ SLOW_LOOPS = {
     "lcm_interval_s": 120.0,
     "monitor_interval_s": 120.0,
     "autoscaler_interval_s": 120.0,
+    # Every loop stays with the first replica, so that the second one leads none.
+    "spread_loops": False,
 }
 IN_TIME_S = 15.0
 

@@ -109,6 +109,8 @@ def build_platform(settings: Settings, backend: Backend | None = None) -> Platfo
             version=ffdl_version(),
             ttl_s=settings.lease_ttl_s,
             hang_s=settings.loop_hang_s,
+            # Spread only where wake-ups reach every replica (``_start_relay``).
+            spread=settings.spread_loops and store.dialect == "postgresql",
         ),
     )
 

@@ -25,6 +25,15 @@ status`` shows who is up and who leads what, so that learners are told every rep
 address, and so that the job monitor, wherever it runs, counts no silence from the time
 some replica could not reach the database.
 
+- **Spreading.** A keeper told to spread (``spread=True``; replicas on PostgreSQL, whose
+  wake-ups reach every replica) takes a free lease only while it holds fewer than its share,
+  ``ceil(loops / live replicas)``, and hands one lease back per round while it holds more
+  and another live replica holds fewer, so the loops' work is divided among the replicas
+  instead of all landing on the first one up. Availability comes first: a free lease that
+  no replica below its share took within :data:`SPREAD_GRACE_ROUNDS` rounds is taken by
+  whoever sees it. Replicas on SQLite keep every loop in one process, since their wake-ups
+  do not cross processes.
+
 A database that goes away stops every renewal: the leases lapse on each replica's clock
 (its loops stop), and when the database returns the first replica to tick takes them,
 with new tokens, as after any expiry.
@@ -37,6 +46,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 import os
 import socket
 import threading
@@ -47,7 +57,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import event, select, update
+from sqlalchemy import event, func, select, update
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import LeaseLost
@@ -58,6 +68,11 @@ from ffdl.server.store.transitions import utcnow
 log = logging.getLogger("ffdl.leases")
 
 LOOPS = ("scheduler", "lcm", "monitor", "autoscaler", "webhooks", "archiver")
+# When spreading, the order in which an over-share replica hands leases over: the busiest
+# loops leave first, so the first replica up keeps the scheduler and a light loop.
+HANDOVER_ORDER = ("lcm", "monitor", "autoscaler", "webhooks", "archiver", "scheduler")
+# Rounds a free lease is left to the replicas below their share before any replica takes it.
+SPREAD_GRACE_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,22 @@ class Held:
     expires_at: datetime
 
 
+@dataclass
+class Share:
+    """One round's view, when spreading, of how many leases this replica should hold."""
+
+    fair: int  # ceil(loops / live replicas)
+    mine: int  # what this replica holds now, counting what it takes this round
+    others_below: bool  # whether another live replica holds fewer than ``fair``
+    grace: timedelta  # how long a free lease is left to the replicas below their share
+    took: bool = False  # whether this round took a lease (it then hands none over)
+
+    def may_take(self, free_since: datetime, now: datetime) -> bool:
+        if self.mine < self.fair or not self.others_below:
+            return True
+        return now - free_since >= self.grace
+
+
 class LeaseKeeper:
     """Takes, renews and gives back this replica's loop leases; registers the replica.
 
@@ -152,6 +183,7 @@ class LeaseKeeper:
         ttl_s: float,
         hang_s: float,
         names: tuple[str, ...] = LOOPS,
+        spread: bool = False,
     ) -> None:
         self.store = store
         self.replica_id = replica_id
@@ -160,6 +192,7 @@ class LeaseKeeper:
         self.ttl = timedelta(seconds=ttl_s)
         self.hang = timedelta(seconds=hang_s)
         self.names = names
+        self.spread = spread
         self.started_at = utcnow()
         self._held: dict[str, Held] = {}
         # When this replica took each lease it holds (a new token), on its own clock.
@@ -205,13 +238,17 @@ class LeaseKeeper:
         """
         now = utcnow()
         outcome: dict[str, Held | None] = {}
+        handed: str | None = None
         with self.store.write() as session:
             self._register(session, now)
+            share = self._share(session, now) if self.spread else None
             for name in self.names:
                 if self._hung(name, now):
                     self._let_go(name, f"its {name} pass has run since {self._busy_since[name]}")
                     continue
-                outcome[name] = self._renew_or_take(session, name, now)
+                outcome[name] = self._renew_or_take(session, name, now, share)
+            if share is not None:
+                handed = self._hand_one_over(session, outcome, share, now)
         taken: list[str] = []
         for name, held in outcome.items():
             with self._lock:
@@ -225,6 +262,8 @@ class LeaseKeeper:
             if held is not None and (before is None or before.token != held.token):
                 log.info("replica %s leads %s (token %d)", self.replica_id, name, held.token)
                 taken.append(name)
+            elif name == handed:
+                log.info("replica %s hands %s over to spread the loops", self.replica_id, name)
             elif held is None and before is not None:
                 log.warning("replica %s lost the %s lease", self.replica_id, name)
         return taken
@@ -264,12 +303,75 @@ class LeaseKeeper:
         if held is not None:
             log.warning("replica %s gives up the %s lease: %s", self.replica_id, name, why)
 
-    def _renew_or_take(self, session: Session, name: str, now: datetime) -> Held | None:
+    def _share(self, session: Session, now: datetime) -> Share:
+        """How the leases stand among the live replicas, for this round's choices.
+
+        A replica is live here while it was seen within one ``lease_ttl_s``: one that
+        stopped ticking drops out when its leases run out, so the survivors' share grows
+        as those leases come free.
+        """
+        live = set(
+            session.scalars(
+                select(Replica.id).where(
+                    Replica.stopped_at.is_(None), Replica.seen_at >= now - self.ttl
+                )
+            )
+        )
+        live.add(self.replica_id)
+        counts = dict.fromkeys(live, 0)
+        for holder, held in session.execute(
+            select(Lease.holder, func.count())
+            .where(Lease.name.in_(self.names), Lease.expires_at > now)
+            .group_by(Lease.holder)
+        ):
+            if holder in counts:
+                counts[holder] = held
+        fair = math.ceil(len(self.names) / len(live))
+        # ``mine`` counts what this round renews or takes, as it goes.
+        return Share(
+            fair=fair,
+            mine=0,
+            others_below=any(n < fair for r, n in counts.items() if r != self.replica_id),
+            grace=self.ttl / 3 * SPREAD_GRACE_ROUNDS,
+        )
+
+    def _hand_one_over(
+        self, session: Session, outcome: dict[str, Held | None], share: Share, now: datetime
+    ) -> str | None:
+        """Give back one lease when over the share and another replica is below it."""
+        if share.took or share.mine <= share.fair or not share.others_below:
+            return None
+        with self._lock:
+            busy = set(self._busy_since)
+        for name in HANDOVER_ORDER:
+            held = outcome.get(name)
+            # A loop in the middle of a pass keeps its lease: its writes would be refused.
+            if held is None or name in busy:
+                continue
+            session.execute(
+                update(Lease)
+                .where(
+                    Lease.name == name,
+                    Lease.holder == self.replica_id,
+                    Lease.token == held.token,
+                )
+                .values(expires_at=now)
+            )
+            outcome[name] = None
+            return name
+        return None
+
+    def _renew_or_take(
+        self, session: Session, name: str, now: datetime, share: Share | None = None
+    ) -> Held | None:
         expires = now + self.ttl
         lease = session.execute(
             select(Lease).where(Lease.name == name).with_for_update()
         ).scalar_one_or_none()
         if lease is None:
+            if share is not None:
+                share.mine += 1
+                share.took = True
             session.add(
                 Lease(
                     name=name,
@@ -285,15 +387,17 @@ class LeaseKeeper:
             known = self._held.get(name)
         if mine and known is not None and known.token == lease.token:
             lease.expires_at = expires
+            if share is not None:
+                share.mine += 1
             return Held(lease.token, expires)
-        free = (
-            lease.holder is None
-            or lease.expires_at is None
-            or lease.expires_at <= now
-            or self._died_here(session, lease.holder)
-        )
-        if not free:
+        free_since = self._free_since(session, lease, now)
+        if free_since is None:
             return None
+        if share is not None:
+            if not share.may_take(free_since, now):
+                return None
+            share.mine += 1
+            share.took = True
         # Taking over, from another replica or from an earlier life of this one (whose
         # passes, if any are still running, must be fenced off): a new token either way.
         lease.holder = self.replica_id
@@ -301,6 +405,16 @@ class LeaseKeeper:
         lease.acquired_at = now
         lease.expires_at = expires
         return Held(lease.token, expires)
+
+    def _free_since(self, session: Session, lease: Lease, now: datetime) -> datetime | None:
+        """Since when ``lease`` has been free to take, or None while its holder keeps it."""
+        if lease.holder is None or lease.expires_at is None:
+            return datetime.min
+        if lease.expires_at <= now:
+            return lease.expires_at
+        if self._died_here(session, lease.holder):
+            return datetime.min
+        return None
 
     def _died_here(self, session: Session, holder: str) -> bool:
         """Whether ``holder`` was a replica on this host whose process is gone.

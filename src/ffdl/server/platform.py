@@ -15,6 +15,7 @@ from ffdl.server.auth import JobTokens
 from ffdl.server.credentials import CredentialVault
 from ffdl.server.leases import LeaseKeeper
 from ffdl.server.passwords import SignIns
+from ffdl.server.report_lanes import ReportLanes
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
 from ffdl.server.store.group_commit import GroupCommit
@@ -83,11 +84,14 @@ class Platform:
     started_at: datetime = field(default_factory=utcnow)
     # Learners' report batches, committed together (``ffdl.server.store.group_commit``).
     report_writes: GroupCommit = field(init=False)
+    # Status reports ahead of records-only ones (``ffdl.server.report_lanes``).
+    report_lanes: ReportLanes = field(init=False)
     # Where old log lines and metrics are kept (``ffdl.server.archive``).
     archive: RecordArchive = field(init=False)
 
     def __post_init__(self) -> None:
         self.report_writes = GroupCommit(self.store)
+        self.report_lanes = ReportLanes(self.settings.report_records_at_once)
         self.archive = RecordArchive.for_settings(self.settings)
 
     def close(self) -> None:

@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     # under a lease of this length, renewed every third of it; a replica that stops
     # renewing (dead, frozen, or its loop hung for ``loop_hang_s``) loses it after that.
     lease_ttl_s: float = Field(default=3.0, gt=0)
+    # Replicas on PostgreSQL divide the loops among themselves (``ffdl.server.leases``);
+    # false keeps every loop in the first replica up, taken over whole on its failure.
+    spread_loops: bool = True
     # GPU use, measured (``ffdl.learner.gpu_sampler``, ``services/gpu_samples.py``): each
     # learner's GPUs are sampled through NVML every ``gpu_sample_s`` (0: never), loading
     # ``nvml_library`` first when set. A job's series keeps ``gpu_samples_kept`` rows per
@@ -166,6 +169,9 @@ class Settings(BaseSettings):
     # Jobs the lifecycle manager deploys at once (unpacking, launching their learners).
     deploy_concurrency: int = Field(default=4, ge=1, le=64)
     report_deadline_s: float = 600.0
+    # Learners' report batches of only log lines and metrics stored at once in a process;
+    # batches with a status go ahead of them (``ffdl.server.report_lanes``).
+    report_records_at_once: int = Field(default=8, ge=1)
 
     # Elastic scaling.
     autoscaler_interval_s: float = 30.0

@@ -42,9 +42,10 @@ def _bearer(request: Request) -> str | None:
 
 @router.post(
     "/jobs/{job_id}/learners/{learner}/reports",
-    responses=errors(400, 401, 404, 409, 410),
+    # 503: the database is away, or the sender left before its batch's turn.
+    responses=errors(400, 401, 404, 409, 410, 503),
 )
-def post_reports(
+async def post_reports(
     request: Request,
     platform: PlatformDep,
     job_id: str,
@@ -52,7 +53,13 @@ def post_reports(
     batch: ReportBatch,
     _token: JobToken,
 ) -> dict[str, Any]:
-    return ingest_reports(platform, job_id, learner, _bearer(request), batch).to_json()
+    token = _bearer(request)
+
+    async def store() -> dict[str, Any]:
+        ack = await run_in_threadpool(ingest_reports, platform, job_id, learner, token, batch)
+        return ack.to_json()
+
+    return await platform.report_lanes.run(batch.items, store, request.is_disconnected)
 
 
 @router.get(

@@ -50,6 +50,7 @@ from ffdl.core.status import (
     learner_transition_allowed,
 )
 from ffdl.server.platform import Platform
+from ffdl.server.report_lanes import RECORD_KINDS
 from ffdl.server.services.aggregate import aggregate_job
 from ffdl.server.services.gpu_samples import gpu_item_problem, record_gpu_samples
 from ffdl.server.services.learner_env import in_place_batch
@@ -68,8 +69,6 @@ LOG_LINES = cast(Table, LogLine.__table__)
 METRICS = cast(Table, Metric.__table__)
 JOBS = cast(Table, Job.__table__)
 LEARNERS = cast(Table, Learner.__table__)
-# Items a batch of records only carries: it is stored without the ORM (``_store_records``).
-RECORD_KINDS = frozenset({"log", "emetric"})
 # The platform puts a learner in PENDING; a controller reports only what follows.
 REPORTABLE_STATUSES = frozenset(LearnerStatus) - {LearnerStatus.PENDING}
 

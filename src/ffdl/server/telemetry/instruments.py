@@ -112,6 +112,13 @@ ARCHIVE_FAILURES = Counter(
     ["operation"],
     registry=REGISTRY,
 )
+REPORT_BATCHES = Gauge(
+    "ffdl_report_batches",
+    "Learners' report batches in this process, by lane (records: log lines and metrics "
+    "only; status: any other) and state (waiting for a turn, or being stored).",
+    ["lane", "state"],
+    registry=REGISTRY,
+)
 
 PROCESS_FROZEN_OBJECTS = Gauge(
     "ffdl_process_frozen_objects",
