@@ -276,15 +276,7 @@ class LeaseKeeper:
             self._held.clear()
         with self.store.write() as session:
             for name, lease in held.items():
-                session.execute(
-                    update(Lease)
-                    .where(
-                        Lease.name == name,
-                        Lease.holder == self.replica_id,
-                        Lease.token == lease.token,
-                    )
-                    .values(expires_at=now)
-                )
+                self._give_back(session, name, lease, now)
             replica = session.get(Replica, self.replica_id)
             if replica is not None:
                 replica.stopped_at = now
@@ -348,18 +340,22 @@ class LeaseKeeper:
             # A loop in the middle of a pass keeps its lease: its writes would be refused.
             if held is None or name in busy:
                 continue
-            session.execute(
-                update(Lease)
-                .where(
-                    Lease.name == name,
-                    Lease.holder == self.replica_id,
-                    Lease.token == held.token,
-                )
-                .values(expires_at=now)
-            )
+            self._give_back(session, name, held, now)
             outcome[name] = None
             return name
         return None
+
+    def _give_back(self, session: Session, name: str, held: Held, now: datetime) -> None:
+        """Let lease ``name`` expire now, if this replica still holds it with that token."""
+        session.execute(
+            update(Lease)
+            .where(
+                Lease.name == name,
+                Lease.holder == self.replica_id,
+                Lease.token == held.token,
+            )
+            .values(expires_at=now)
+        )
 
     def _renew_or_take(
         self, session: Session, name: str, now: datetime, share: Share | None = None
