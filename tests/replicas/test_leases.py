@@ -187,6 +187,28 @@ def test_a_spread_replica_that_stops_is_taken_over_and_gets_a_share_back_later(
         assert fence is not None and fence.token > before.get(name, 0)
 
 
+def test_the_first_survivor_takes_every_lease_of_a_gone_replica_then_shares_them(
+    store: Store,
+) -> None:
+    # Leases of 3 s: a handed-over lease would wait 2 s for b, far longer than a round here.
+    a, b, c = (keeper(store, name, ttl_s=3.0, spread=True) for name in "abc")
+    tick_until_spread([a, b, c], 2, rounds=8)
+    gone = c.held()
+
+    def first_taken() -> list[str]:
+        # a and b renew theirs as their replicas do; c has stopped.
+        return a.tick() or b.tick()
+
+    # The first survivor to see c's loops free takes both, though that puts it over its
+    # share while the other is under it: a gone replica's loops do not wait for the
+    # replicas below their share.
+    taken = wait_for(first_taken, timeout=10, interval=0.05, what="a survivor takes c's loops")
+    assert sorted(taken) == gone
+    assert sorted([len(a.held()), len(b.held())]) == [2, 4]
+    # Then the one over its share hands one over, and they settle at three each.
+    tick_until_spread([a, b], 3, rounds=8)
+
+
 def test_spreading_does_not_leave_a_lease_free_when_every_replica_has_its_share(
     store: Store,
 ) -> None:

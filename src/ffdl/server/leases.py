@@ -29,10 +29,11 @@ some replica could not reach the database.
   wake-ups reach every replica) takes a free lease only while it holds fewer than its share,
   ``ceil(loops / live replicas)``, and hands one lease back per round while it holds more
   and another live replica holds fewer, so the loops' work is divided among the replicas
-  instead of all landing on the first one up. Availability comes first: a free lease that
-  no replica below its share took within :data:`SPREAD_GRACE_ROUNDS` rounds is taken by
-  whoever sees it. Replicas on SQLite keep every loop in one process, since their wake-ups
-  do not cross processes.
+  instead of all landing on the first one up. Availability comes first: the leases of a
+  replica that is gone (dead, frozen, stopped) are taken by the first replica to see them
+  free, share or not; a lease handed over that no replica below its share took within
+  :data:`SPREAD_GRACE_ROUNDS` rounds is taken by whoever sees it. Replicas on SQLite keep
+  every loop in one process, since their wake-ups do not cross processes.
 
 A database that goes away stops every renewal: the leases lapse on each replica's clock
 (its loops stop), and when the database returns the first replica to tick takes them,
@@ -155,13 +156,17 @@ class Share:
     """One round's view, when spreading, of how many leases this replica should hold."""
 
     fair: int  # ceil(loops / live replicas)
-    mine: int  # what this replica holds now, counting what it takes this round
+    mine: int  # what this replica holds, counting what it takes this round
     others_below: bool  # whether another live replica holds fewer than ``fair``
     grace: timedelta  # how long a free lease is left to the replicas below their share
+    live: frozenset[str]  # the replicas seen within one lease_ttl_s
     took: bool = False  # whether this round took a lease (it then hands none over)
 
-    def may_take(self, free_since: datetime, now: datetime) -> bool:
-        if self.mine < self.fair or not self.others_below:
+    def may_take(self, lease: Lease, free_since: datetime, now: datetime) -> bool:
+        # A lease whose holder is gone (dead, frozen, stopped) is taken by the first replica
+        # to see it, share or not: its loop must run again at once. One handed over by a
+        # live replica waits for a replica below its share, for a while.
+        if self.mine < self.fair or not self.others_below or lease.holder not in self.live:
             return True
         return now - free_since >= self.grace
 
@@ -319,12 +324,13 @@ class LeaseKeeper:
             if holder in counts:
                 counts[holder] = held
         fair = math.ceil(len(self.names) / len(live))
-        # ``mine`` counts what this round renews or takes, as it goes.
         return Share(
             fair=fair,
-            mine=0,
+            # What this replica holds when the round starts; each lease it takes adds one.
+            mine=counts[self.replica_id],
             others_below=any(n < fair for r, n in counts.items() if r != self.replica_id),
             grace=self.ttl / 3 * SPREAD_GRACE_ROUNDS,
+            live=frozenset(live),
         )
 
     def _hand_one_over(
@@ -383,14 +389,12 @@ class LeaseKeeper:
             known = self._held.get(name)
         if mine and known is not None and known.token == lease.token:
             lease.expires_at = expires
-            if share is not None:
-                share.mine += 1
             return Held(lease.token, expires)
         free_since = self._free_since(session, lease, now)
         if free_since is None:
             return None
         if share is not None:
-            if not share.may_take(free_since, now):
+            if not share.may_take(lease, free_since, now):
                 return None
             share.mine += 1
             share.took = True
