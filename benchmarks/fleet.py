@@ -24,6 +24,12 @@ job length it measures for ``--window`` seconds and prints one row per run:
 
 Ratios against the first setup are printed beside each table. Nothing may be lost: at the
 end every job submitted in the run must have ended or be running.
+
+One harness process plays a few hundred learners; ``--harnesses N`` shares the jobs among N
+of them, for thousands. ``--platform-cpus 0,1`` pins the control plane (the replicas and
+PostgreSQL) to those CPUs and the harnesses and this process to the others, so that a
+bigger machine can measure a control plane of a given size under a load it could not play
+itself.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -63,6 +71,8 @@ SEED_CHUNK = 5000
 LOOPS = ("scheduler", "lcm")
 # Loops whose share of the window spent in passes is printed.
 TIMED_LOOPS = ("scheduler", "lcm", "monitor", "autoscaler")
+# Submissions in flight at once, at most.
+SUBMITTERS = 8
 REPORTS = "/v1/internal/jobs/{job_id}/learners/{learner}/reports"
 
 
@@ -173,9 +183,11 @@ def arrivals(count: int, mean_gap_s: float, seed: int) -> list[tuple[float, int]
     jobs = load_philly(None, TraceFilter(sample=1.0, seed=seed), max_gpus=64)
     jobs.sort(key=lambda job: job.submit_s)
     gaps = [max(0.0, b.submit_s - a.submit_s) for a, b in itertools.pairwise(jobs)]
-    mean = statistics.fmean(gaps) or 1.0
     rng = random.Random(seed)
     start = rng.randrange(max(1, len(gaps) - count))
+    # Scaled by the picked stretch's own mean gap: the trace's bursts and lulls are kept,
+    # and the arrival rate over the stretch is the one asked for.
+    mean = statistics.fmean(gaps[start : start + count]) or 1.0
     picked = [(gaps[start + i] * mean_gap_s / mean, jobs[start + i].gpus) for i in range(count)]
     return picked
 
@@ -250,6 +262,42 @@ def database_bytes(database_url: str, home: Path) -> int:
         store.dispose()
 
 
+def progress(what: str) -> None:
+    print(f"  {time.strftime('%H:%M:%S')} {what}", flush=True)
+
+
+def harness_stats(urls: list[str]) -> dict[str, Any]:
+    """Every harness's ``/stats``, added up; of the post latencies, the slowest harness's."""
+    each = [httpx.get(f"{url}/stats", timeout=30).json() for url in urls]
+    total: dict[str, Any] = {"learners": {}, "answers": {}}
+    for stats in each:
+        for key in ("learners", "answers"):
+            for name, count in stats[key].items():
+                total[key][name] = total[key].get(name, 0) + count
+        for key in ("lines_acked", "metrics_acked", "posts", "backlog_items"):
+            total[key] = total.get(key, 0) + stats[key]
+    for key in ("post_p50_ms", "post_p99_ms"):
+        values = [stats[key] for stats in each if stats[key] is not None]
+        total[key] = max(values) if values else None
+    return total
+
+
+@contextlib.contextmanager
+def pinned(platform_cpus: set[int] | None, *, platform: bool) -> Iterator[None]:
+    """This thread (and what it starts) on the control plane's CPUs, or on all the others;
+    nothing changes without ``--platform-cpus``."""
+    if platform_cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    others = before - platform_cpus
+    os.sched_setaffinity(0, platform_cpus if platform else others)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def process_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -282,66 +330,83 @@ class Fleet:
         home = tmp / "home"
         home.mkdir(parents=True)
         postgres: PostgresServer | None = None
-        harness_port = free_port()
-        harness = subprocess.Popen(
-            [sys.executable, "-m", "ffdl.loadtest.harness", "--port", str(harness_port)],
-            stdout=(tmp / "harness.log").open("wb"),
-            stderr=subprocess.STDOUT,
-        )
+        harness_ports = [free_port() for _ in range(args.harnesses)]
+        harness_urls = [f"http://127.0.0.1:{port}" for port in harness_ports]
+        # Children keep the CPUs of the thread that started them.
+        with pinned(args.platform_cpus, platform=False):
+            harnesses = [
+                subprocess.Popen(
+                    [sys.executable, "-m", "ffdl.loadtest.harness", "--port", str(port)],
+                    stdout=(tmp / f"harness{n}.log").open("wb"),
+                    stderr=subprocess.STDOUT,
+                )
+                for n, port in enumerate(harness_ports)
+            ]
         replicas: list[LiveServer] = []
         result = Run(setup, self.nodes, self.stored)
         try:
-            if setup.store == "postgres":
-                postgres = PostgresServer(fsync=True).start()
-                database_url = postgres.create_database()
-            else:
-                database_url = f"sqlite:///{home / 'ffdl.db'}"
-            config = {
-                **FAST_CONFIG,
-                "scheduler_interval_s": 1.0,
-                "lcm_interval_s": 0.5,
-                "monitor_interval_s": 1.0,
-                "heartbeat_s": 2.0,
-                "heartbeat_timeout_s": 60.0,
-                "database_url": database_url,
-                "spread_loops": args.loops == "spread",
-                "report_records_at_once": args.records_at_once,
-                "backend": "simulated",
-                "sandbox": False,
-                "gpu_sample_s": 0,
-                "cluster_sample_s": 0,
-                "simulated": {
-                    "harness_url": f"http://127.0.0.1:{harness_port}",
-                    "duration_s": args.duration,
-                    "lines_per_s": args.lines_per_s,
-                    "metrics_per_s": args.metrics_per_s,
-                    "node_count": self.nodes,
-                    "gpus_per_node": GPUS_PER_NODE,
-                    "racks": max(1, self.nodes // 40),
-                },
-            }
-            config.pop("nodes", None)
-            for n in range(setup.replicas):
-                replica = LiveServer(home=home, config=dict(config), log_name=f"r{n}.log")
-                replica.start()
-                replicas.append(replica)
+            with pinned(args.platform_cpus, platform=True):
+                if setup.store == "postgres":
+                    postgres = PostgresServer(fsync=True).start()
+                    database_url = postgres.create_database()
+                else:
+                    database_url = f"sqlite:///{home / 'ffdl.db'}"
+                config = self._config(database_url, harness_urls)
+                for n in range(setup.replicas):
+                    replica = LiveServer(home=home, config=dict(config), log_name=f"r{n}.log")
+                    replica.start()
+                    replicas.append(replica)
             # After the first start, which made the schema, the tenant and the administrator.
+            progress(f"{setup.replicas} replicas up; storing {self.stored} finished jobs")
             seed_finished_jobs(database_url, self.stored)
             tokens = self._tenants(replicas[0])
-            harness_url = f"http://127.0.0.1:{harness_port}"
-            result.figures = self._load(
-                replicas, tokens, harness_url, harness.pid, database_url, home
-            )
-            result.lost = self._lost(replicas[0])
+            with pinned(args.platform_cpus, platform=False):
+                result.figures = self._load(
+                    replicas, tokens, harness_urls, harnesses, database_url, home
+                )
+            result.lost = self._lost(database_url)
         finally:
             self.stop.set()
+            progress("stopping")
+            # The learners first, so that the replicas stop without thousands of posts.
+            for harness in harnesses:
+                harness.terminate()
+            for harness in harnesses:
+                harness.wait(timeout=30)
             for replica in replicas:
                 replica.stop()
-            harness.terminate()
-            harness.wait(timeout=30)
             if postgres is not None:
                 postgres.stop()
         return result
+
+    def _config(self, database_url: str, harness_urls: list[str]) -> dict[str, Any]:
+        args = self.args
+        config: dict[str, Any] = {
+            **FAST_CONFIG,
+            "scheduler_interval_s": 1.0,
+            "lcm_interval_s": 0.5,
+            "monitor_interval_s": 1.0,
+            "heartbeat_s": 2.0,
+            "heartbeat_timeout_s": 60.0,
+            "database_url": database_url,
+            "spread_loops": args.loops == "spread",
+            "report_records_at_once": args.records_at_once,
+            "backend": "simulated",
+            "sandbox": False,
+            "gpu_sample_s": 0,
+            "cluster_sample_s": 0,
+            "simulated": {
+                "harness_url": harness_urls,
+                "duration_s": args.duration,
+                "lines_per_s": args.lines_per_s,
+                "metrics_per_s": args.metrics_per_s,
+                "node_count": self.nodes,
+                "gpus_per_node": GPUS_PER_NODE,
+                "racks": max(1, self.nodes // 40),
+            },
+        }
+        config.pop("nodes", None)
+        return config
 
     def _tenants(self, replica: LiveServer) -> list[str]:
         tokens = []
@@ -360,6 +425,8 @@ class Fleet:
     def _submitter(
         self, replicas: list[LiveServer], tokens: list[str], plan: list[tuple[float, int]]
     ) -> None:
+        """Submits on the plan's gaps; a few submissions may be in flight at once, so that
+        one slow answer does not hold back the arrivals after it."""
         rng = random.Random(self.args.seed)
         code = code_zip({"train.py": "print('simulated')\n"})
         clients = [
@@ -368,37 +435,44 @@ class Fleet:
             for t in tokens
         ]
         try:
-            for n, (gap, gpus) in enumerate(plan):
-                if self.stop.wait(gap):
-                    return
-                client = rng.choice(clients)
-                body = manifest(
-                    f"fleet-{n:05d}",
-                    gpus,
-                    rng.choice(PRIORITIES),
-                    n % 5 == 0,
-                    self.args.duration * rng.uniform(0.5, 1.5),
-                )
-                started = time.perf_counter()
-                answer = client.post(
-                    "/v1/models",
-                    files={
-                        "manifest": ("m.yml", body.encode()),
-                        "model_definition": ("c.zip", code),
-                    },
-                )
-                took = time.perf_counter() - started
-                if answer.status_code != 201:
-                    with self.lock:
-                        self.errors[answer.status_code] = self.errors.get(answer.status_code, 0) + 1
-                    continue
-                with self.lock:
-                    self.submitted.append(str(answer.json()["model_id"]))
-                    if self.measuring.is_set():
-                        self.latency["submit"].append(took)
+            with ThreadPoolExecutor(max_workers=SUBMITTERS) as pool:
+                for n, (gap, gpus) in enumerate(plan):
+                    if self.stop.wait(gap):
+                        return
+                    body = manifest(
+                        f"fleet-{n:05d}",
+                        gpus,
+                        rng.choice(PRIORITIES),
+                        n % 5 == 0,
+                        self.args.duration * rng.uniform(0.5, 1.5),
+                    )
+                    pool.submit(self._submit, rng.choice(clients), body, code)
         finally:
             for client in clients:
                 client.close()
+
+    def _submit(self, client: httpx.Client, body: str, code: bytes) -> None:
+        if self.stop.is_set():
+            return
+        started = time.perf_counter()
+        try:
+            answer = client.post(
+                "/v1/models",
+                files={"manifest": ("m.yml", body.encode()), "model_definition": ("c.zip", code)},
+            )
+        except httpx.HTTPError:
+            if not self.stop.is_set():
+                with self.lock:
+                    self.errors[0] = self.errors.get(0, 0) + 1
+            return
+        took = time.perf_counter() - started
+        with self.lock:
+            if answer.status_code != 201:
+                self.errors[answer.status_code] = self.errors.get(answer.status_code, 0) + 1
+                return
+            self.submitted.append(str(answer.json()["model_id"]))
+            if self.measuring.is_set():
+                self.latency["submit"].append(took)
 
     def _prober(self, replicas: list[LiveServer]) -> None:
         rng = random.Random(self.args.seed + 1)
@@ -442,8 +516,8 @@ class Fleet:
         self,
         replicas: list[LiveServer],
         tokens: list[str],
-        harness_url: str,
-        harness_pid: int,
+        harness_urls: list[str],
+        harnesses: list[subprocess.Popen[bytes]],
         database_url: str,
         home: Path,
     ) -> dict[str, float | None]:
@@ -451,8 +525,9 @@ class Fleet:
         mean_learners = 1.6  # the Philly sizes in learners of 8 GPUs, about
         rate = args.learners / args.duration / mean_learners
         total_s = args.duration + args.window + 5
-        # More arrivals than the run can take: the submitter stops with the run.
-        plan = arrivals(int(3 * rate * total_s) + 10, 1.0 / rate, args.seed)
+        # Arrivals for a little longer than the run (the submitter stops with it), at the
+        # asked rate over that time.
+        plan = arrivals(int(1.1 * rate * total_s) + 10, 1.0 / rate, args.seed)
         threads = [
             threading.Thread(target=self._submitter, args=(replicas, tokens, plan), daemon=True),
             threading.Thread(target=self._prober, args=(replicas,), daemon=True),
@@ -461,10 +536,10 @@ class Fleet:
             thread.start()
         admin = replicas[0].client
         pids = [r.proc.pid for r in replicas if r.proc is not None]
+        progress(f"ramp of {args.duration:g} s: jobs arriving at {rate:.1f}/s")
         time.sleep(args.duration)  # the ramp: the cluster fills up to its steady state
-        harness = httpx.Client(base_url=harness_url, timeout=30)
-        before_stats = harness.get("/stats").json()
-        before_harness_cpu = process_cpu_s(harness_pid)
+        before_stats = harness_stats(harness_urls)
+        before_harness_cpu = sum(process_cpu_s(h.pid) for h in harnesses)
         before = scrape_histograms(replicas)
         before_each = [process_cpu_s(pid) for pid in pids]
         before_cpu = sum(before_each)
@@ -472,12 +547,14 @@ class Fleet:
         with self.lock:
             first_measured = len(self.submitted)
         self.measuring.set()
+        running = before_stats["learners"].get("running", 0)
+        progress(f"measuring for {args.window:g} s, {running} learners running")
         started = time.monotonic()
         time.sleep(args.window)  # the measured window, under load
         self.measuring.clear()
         elapsed = time.monotonic() - started
-        after_stats = harness.get("/stats").json()
-        after_harness_cpu = process_cpu_s(harness_pid)
+        after_stats = harness_stats(harness_urls)
+        after_harness_cpu = sum(process_cpu_s(h.pid) for h in harnesses)
         after = scrape_histograms(replicas)
         after_each = [process_cpu_s(pid) for pid in pids]
         after_cpu = sum(after_each)
@@ -485,6 +562,7 @@ class Fleet:
         with self.lock:
             measured = list(self.submitted[first_measured:])
         self.stop.set()
+        progress("measured; reading the starts")
         for thread in threads:
             thread.join(timeout=120)
 
@@ -587,13 +665,20 @@ class Fleet:
                 stages["report"].append(processing - launch)
         return waits, stages
 
-    def _lost(self, replica: LiveServer) -> int:
-        """Jobs acknowledged but not stored (each must be there, in whatever status)."""
-        lost = 0
-        for job_id in self.submitted:
-            if replica.client.get(f"/v1/models/{job_id}").status_code != 200:
-                lost += 1
-        return lost
+    def _lost(self, database_url: str) -> int:
+        """Jobs acknowledged but not stored (each must be there, in whatever status), read
+        from the database in one query per thousand: asking the API job by job takes
+        minutes with thousands of learners still reporting."""
+        store = Store(database_url)
+        found: set[str] = set()
+        try:
+            with store.read() as session:
+                for first in range(0, len(self.submitted), 1000):
+                    chunk = self.submitted[first : first + 1000]
+                    found.update(session.scalars(select(Job.id).where(Job.id.in_(chunk))))
+        finally:
+            store.dispose()
+        return len(set(self.submitted) - found)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -687,7 +772,7 @@ def print_runs(runs: list[Run]) -> None:
 def keep_logs(tmp: Path, into: Path) -> None:
     """Copy a run's replica logs and the harness's log before its directory goes."""
     into.mkdir(parents=True, exist_ok=True)
-    for log in [*sorted((tmp / "home").glob("r*.log")), tmp / "harness.log"]:
+    for log in [*sorted((tmp / "home").glob("r*.log")), *sorted(tmp.glob("harness*.log"))]:
         if log.exists():
             shutil.copy(log, into / log.name)
     print(f"logs kept in {into}", flush=True)
@@ -717,6 +802,14 @@ def main() -> dict[str, float]:
         help="replicas on PostgreSQL divide the loops (spread) or one runs them all (together)",
     )
     parser.add_argument(
+        "--harnesses", type=int, default=1, help="harness processes sharing the learners"
+    )
+    parser.add_argument(
+        "--platform-cpus",
+        default=None,
+        help="CPUs for the replicas and PostgreSQL, e.g. 0,1; the harnesses get the others",
+    )
+    parser.add_argument(
         "--logs", type=Path, default=None, help="keep each run's replica and harness logs here"
     )
     args, _ = parser.parse_known_args()
@@ -731,6 +824,19 @@ def main() -> dict[str, float]:
             parser.error(f"--setups: unknown store or replica count in {setup}")
     if args.records_at_once < 1:
         parser.error("--records-at-once must be at least 1")
+    if args.harnesses < 1:
+        parser.error("--harnesses must be at least 1")
+    if args.platform_cpus is not None:
+        try:
+            args.platform_cpus = {int(cpu) for cpu in args.platform_cpus.split(",")}
+        except ValueError:
+            parser.error("--platform-cpus takes CPU numbers, comma-separated, e.g. 0,1")
+        usable = os.sched_getaffinity(0)
+        if not args.platform_cpus < usable:
+            parser.error(
+                f"--platform-cpus must be some of this process's CPUs {sorted(usable)}, "
+                "leaving at least one for the harnesses"
+            )
     runs = []
     for nodes in node_counts:
         for stored in stored_counts:
@@ -751,6 +857,16 @@ def main() -> dict[str, float]:
         f"{args.lines_per_s:g} lines/s and {args.metrics_per_s:g} metrics/s per learner, "
         f"{args.window:g} s measured after a {args.duration:g} s ramp"
     )
+    harnesses = f"{args.harnesses} harness process{'es' if args.harnesses > 1 else ''}"
+    if args.platform_cpus is not None:
+        others = len(os.sched_getaffinity(0) - args.platform_cpus)
+        print(
+            f"control plane (replicas, PostgreSQL) pinned to CPUs "
+            f"{','.join(map(str, sorted(args.platform_cpus)))}; {harnesses} and the "
+            f"client on the other {others}"
+        )
+    else:
+        print(f"{harnesses}, all sharing this machine's {os.cpu_count()} CPUs")
     print_runs(runs)
     return {"lost": float(sum(run.lost for run in runs))}
 

@@ -35,30 +35,42 @@ LINE = re.compile(r"^simulated line (\d+)$")
 
 
 @pytest.fixture(scope="module")
-def harness() -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ffdl.loadtest.harness", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
+def harnesses() -> Iterator[list[str]]:
+    """Two harness processes, as a load test with more learners than one process can
+    play runs them."""
+    ports = [free_port(), free_port()]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ffdl.loadtest.harness", "--port", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        for port in ports
+    ]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
 
     def up() -> bool:
         try:
-            return httpx.get(f"{url}/stats", timeout=2).status_code == 200
+            return all(httpx.get(f"{url}/stats", timeout=2).status_code == 200 for url in urls)
         except httpx.HTTPError:
             return False
 
     try:
-        wait_for(up, timeout=30, what="the harness")
-        yield url
+        wait_for(up, timeout=30, what="the harnesses")
+        yield urls
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
 
 
-def simulated_config(harness_url: str, **overrides: Any) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def harness(harnesses: list[str]) -> str:
+    return harnesses[0]
+
+
+def simulated_config(harness_url: str | list[str], **overrides: Any) -> dict[str, Any]:
     section = {
         "harness_url": harness_url,
         "duration_s": 4.0,
@@ -88,9 +100,10 @@ def manifest(name: str, learners: int, gpus: int, command: str = "simulate") -> 
 
 
 def test_a_few_hundred_simulated_learners_lose_nothing_and_every_job_ends(
-    tmp_path: Path, harness: str
+    tmp_path: Path, harnesses: list[str]
 ) -> None:
-    server = LiveServer(home=tmp_path / "home", config=simulated_config(harness))
+    # Both harnesses: each job's learners are played by one of them, chosen by its id.
+    server = LiveServer(home=tmp_path / "home", config=simulated_config(harnesses))
     with serving(server):
         health = server.client.get("/health").json()
         assert health["learners"] == "simulated"
@@ -123,11 +136,16 @@ def test_a_few_hundred_simulated_learners_lose_nothing_and_every_job_ends(
             return len(states) == len(jobs) and all(s == "COMPLETED" for s in done)
 
         wait_for(all_ended, timeout=150, interval=0.5, what="every simulated job COMPLETED")
-        stats = httpx.get(f"{harness}/stats", timeout=10).json()
-        assert stats["backlog_items"] == 0 and stats["refused_items"] == 0
-        # A report the server failed to store is retried until it is, and must not happen.
-        assert not [code for code in stats["answers"] if int(code) >= 500], stats["answers"]
-        assert stats["learners"].get("running", 0) == 0
+        each = [httpx.get(f"{url}/stats", timeout=10).json() for url in harnesses]
+        for stats in each:
+            assert stats["backlog_items"] == 0 and stats["refused_items"] == 0
+            # A report the server failed to store is retried until it is; it must not happen.
+            assert not [code for code in stats["answers"] if int(code) >= 500], stats["answers"]
+            assert stats["learners"].get("running", 0) == 0
+            # Both harnesses took a fair part of the learners (81 jobs, split by a hash).
+            assert stats["learners"].get("exited", 0) >= learners / 4, stats["learners"]
+        played = sum(sum(stats["learners"].values()) for stats in each)
+        assert played == learners + 1, "every learner played once, by one harness"
 
         stored = 0
         for job_id in jobs:
@@ -139,8 +157,9 @@ def test_a_few_hundred_simulated_learners_lose_nothing_and_every_job_ends(
             for numbers in by_learner.values():
                 assert numbers == list(range(1, len(numbers) + 1)), (job_id, numbers[:20])
             stored += sum(len(numbers) for numbers in by_learner.values())
-        # Lines of the learners of this run only: the harness is the module's.
-        assert stored == stats["lines_acked"], (stored, stats)
+        # Lines of the learners of this run only: the harnesses are the module's.
+        acknowledged = sum(stats["lines_acked"] for stats in each)
+        assert stored == acknowledged, (stored, each)
         assert stored >= learners * 10, "every learner reported lines for its 4 s"
 
 
@@ -197,3 +216,17 @@ def test_the_simulated_backend_needs_its_section_and_sane_rates(tmp_path: Path) 
     assert "simulated.lines_per_s: Input should be greater than or equal to 0" in started.stderr
     assert "simulated.metrics_per_s: Field required" in started.stderr
     assert not (home / "ffdl.db").exists(), "nothing is made for a configuration refused"
+
+    (home / "config.yaml").write_text(
+        yaml.safe_dump(simulated_config(["http://127.0.0.1:9", "ftp://127.0.0.1:10"]))
+    )
+    started = subprocess.run(
+        [sys.executable, "-m", "ffdl.server.main", "--home", str(home), "--port", "9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert started.returncode != 0
+    assert "harness_url must be http://HOST:PORT, got 'ftp://127.0.0.1:10'" in started.stderr
+    assert not (home / "ffdl.db").exists()

@@ -11,6 +11,9 @@ host). The kit holds:
   metadata each time, so it follows ``pyproject.toml`` as dependencies change;
 - ``bwrap`` from Debian's bubblewrap package and the libraries it links (learners run
   sandboxed, and such hosts seldom have it);
+- PostgreSQL's server (the ``pgserver`` wheel, a relocatable build of PostgreSQL), for the
+  fleet benchmark, which ``run.sh fleet`` runs with the control plane pinned to two of the
+  host's cores and the simulated learners on the others;
 - ``run.sh``, which installs all that and runs the checks, logging into ``$OUT``.
 
 Run with the project's environment: ``.venv/bin/python tools/gpu-kit/prepare.py``.
@@ -32,9 +35,12 @@ from packaging.requirements import Requirement
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 KIT = ROOT / ".gpu-kit"
-# ffdl's extras the GPU checks use, and the test runner's packages (from the dev extra).
+# ffdl's extras the GPU checks use; the test runner and the live-server helper's packages
+# (from the dev extra).
 EXTRAS = ("examples", "postgres")
-TEST_RUNNER = ("pytest", "pytest-timeout")
+TEST_RUNNER = ("pytest", "pytest-timeout", "websocket-client")
+# A self-contained PostgreSQL server build, for the fleet step (about 11 MiB).
+POSTGRES_SERVER = "pgserver==0.1.4"
 PLATFORMS = (
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",
@@ -91,13 +97,12 @@ def needed(python: str, provided: set[str]) -> dict[str, str]:
     return found
 
 
-def download(pins: dict[str, str], python: str, target: Path) -> None:
+def download(requirements: list[str], python: str, target: Path) -> None:
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     command = [
         sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
         "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
-        *platforms, "--dest", str(target),
-        *(f"{name}=={version}" for name, version in sorted(pins.items())),
+        *platforms, "--dest", str(target), *requirements,
     ]  # fmt: skip
     subprocess.run(command, check=True)
 
@@ -132,7 +137,10 @@ def main() -> None:
     (KIT / "whl").mkdir(parents=True)
     (KIT / "bin").mkdir()
     print(f"wheels for Python {args.python}: {len(pins)} packages", flush=True)
-    download(pins, args.python, KIT / "whl")
+    download(
+        [f"{name}=={version}" for name, version in sorted(pins.items())], args.python, KIT / "whl"
+    )
+    download([POSTGRES_SERVER], args.python, KIT / "postgres")
     bubblewrap(KIT / "bin")
     shutil.copy2(HERE / "run.sh", KIT / "run.sh")
     shutil.copy2(HERE / "host-packages.txt", KIT / "host-packages.txt")

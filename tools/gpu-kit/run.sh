@@ -4,7 +4,8 @@
 # cgroups go on this host, then runs the GPU tests, the memory-limit tests and both GPU
 # benchmarks, sandboxed and with the manifests' ordinary memory limits. Logs go to $OUT
 # (or a new temporary directory). Exits non-zero when a step failed.
-#   bash .gpu-kit/run.sh [STEP...]    steps: gpu-tests gpu-overhead gpu-sampling (default: all)
+#   bash .gpu-kit/run.sh [STEP...]    steps: gpu-tests gpu-overhead gpu-sampling (the default)
+#                                      and fleet (only when named; FLEET_ARGS adds options)
 set -u
 export PYTHONUNBUFFERED=1
 kit=.gpu-kit
@@ -55,5 +56,23 @@ $PY -c "from ffdl.learner.cgroup_placement import discover; print(discover().des
 step gpu-tests 250 $PY -m pytest -q -p no:cacheprovider -rs tests/gpu tests/security/test_memory_limits.py --timeout 150
 step gpu-overhead 200 $PY benchmarks/bench_gpu_overhead.py --runs 5
 step gpu-sampling 80 $PY benchmarks/bench_gpu_sampling.py --rounds 5
+
+# The fleet benchmark: 3 replicas and PostgreSQL pinned to CPUs 0 and 1, the simulated
+# learners (8 harness processes) and the benchmark's clients on the host's other cores.
+case " $steps " in *" fleet "*)
+  log "fleet setup"
+  # Unpacked whole: its binaries find their libraries at ../../../pgserver.libs.
+  pg=/opt/ffdl-postgres
+  if [ ! -x "$pg/pgserver/pginstall/bin/postgres" ]; then
+    mkdir -p "$pg" && $PY -m zipfile -e "$kit"/postgres/pgserver-*.whl "$pg"
+    chmod -R a+rX "$pg" && chmod 0755 "$pg"/pgserver/pginstall/bin/*
+  fi
+  id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+  ulimit -n 65536 2>/dev/null || true  # thousands of learners' connections
+  echo "cores: $(nproc); $("$pg/pgserver/pginstall/bin/postgres" --version)"
+  PATH="$pg/pgserver/pginstall/bin:$PATH" step fleet "${FLEET_TIMEOUT:-420}" $PY benchmarks/fleet.py \
+    --nodes 10000 --stored 100000 --setups postgres:3 --learners 2000 --duration 120 \
+    --window 60 --harnesses 8 --platform-cpus 0,1 ${FLEET_ARGS:-}
+;; esac
 log "done (status $status)"
 exit $status

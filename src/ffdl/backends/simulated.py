@@ -6,6 +6,10 @@ shared by every replica, on ``harness_url``), where a simulated learner reports 
 API what a controller would: statuses, heartbeats, log lines and metrics at the configured
 rates, and a result after ``duration_s``. Everything else is the real platform.
 
+``harness_url`` may list several harnesses, for more learners than one process can play:
+each job's learners all go to one of them, chosen from its id by a hash that every replica
+computes alike.
+
 A job may change its own learners' behaviour in its command (``framework.command``, which
 nothing runs here): words ``duration_s=SECONDS`` and ``result=COMPLETED|FAILED`` replace the
 configured ones, so that a load test can mix short and long, good and failing jobs.
@@ -16,6 +20,7 @@ It is chosen only by name (``backend: simulated``) and needs its ``simulated:`` 
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -45,7 +50,8 @@ class SimulatedConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    harness_url: str
+    # One harness, or several (a list) that share the jobs.
+    harness_url: tuple[str, ...]
     duration_s: float = Field(gt=0)
     lines_per_s: float = Field(ge=0)
     metrics_per_s: float = Field(ge=0)
@@ -59,13 +65,17 @@ class SimulatedConfig(BaseModel):
     # Nodes are labelled ``rack=r0`` ... in turn over this many racks.
     racks: int = Field(default=1, ge=1)
 
-    @field_validator("harness_url")
+    @field_validator("harness_url", mode="before")
     @classmethod
-    def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"harness_url must be http://HOST:PORT, got {value!r}")
-        return value.rstrip("/")
+    def _http_urls(cls, value: object) -> tuple[str, ...]:
+        urls = [value] if isinstance(value, str) else value
+        if not isinstance(urls, list | tuple) or not urls:
+            raise ValueError("harness_url must be http://HOST:PORT or a list of them")
+        for url in urls:
+            parts = urlsplit(url) if isinstance(url, str) else None
+            if parts is None or parts.scheme != "http" or not parts.hostname:
+                raise ValueError(f"harness_url must be http://HOST:PORT, got {url!r}")
+        return tuple(str(url).rstrip("/") for url in urls)
 
     def generated_nodes(self) -> tuple[Node, ...]:
         memory_mb = parse_size_mb(self.memory_per_node, "simulated.memory_per_node")
@@ -98,9 +108,10 @@ class SimulatedBackend:
         config = setup.config
         self.config = config
         self._nodes = list(setup.nodes or config.generated_nodes())
-        self._http = httpx.Client(
-            base_url=config.harness_url, timeout=REQUEST_TIMEOUT_S, trust_env=False
-        )
+        self._harnesses = [
+            httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT_S, trust_env=False)
+            for url in config.harness_url
+        ]
 
     def nodes(self) -> list[Node]:
         return list(self._nodes)
@@ -139,7 +150,8 @@ class SimulatedBackend:
         return {"memory": "none", "detail": SIMULATED_WARNING}
 
     def close(self) -> None:
-        self._http.close()
+        for harness in self._harnesses:
+            harness.close()
 
     def _behaviour(self, spec: LearnerSpec) -> Behaviour:
         config = self.config
@@ -156,11 +168,12 @@ class SimulatedBackend:
         )
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        harness = self._harnesses[harness_index(path, len(self._harnesses))]
         try:
-            response = self._http.request(method, path, **kwargs)
+            response = harness.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise BackendUnavailable(
-                f"load-testing harness unreachable at {self.config.harness_url} ({exc})"
+                f"load-testing harness unreachable at {harness.base_url} ({exc})"
             ) from exc
         if response.status_code >= 400:
             raise BackendUnavailable(
@@ -172,6 +185,13 @@ class SimulatedBackend:
 
 def _path(training_id: str, learner: int, attempt: int) -> str:
     return f"/learners/{training_id}/{learner}/{attempt}"
+
+
+def harness_index(path: str, harnesses: int) -> int:
+    """Which harness plays the learner at ``path``: the same for all of a job's learners and
+    attempts, on every replica (``hash()`` differs between processes; CRC-32 does not)."""
+    training_id = path.split("/")[2]
+    return zlib.crc32(training_id.encode()) % harnesses
 
 
 def _positive(value: str | None, default: float) -> float:

@@ -145,7 +145,7 @@ def _log_backend(settings: Settings) -> None:
         log.warning(
             "backend: simulated: %s; simulated learners run in the harness at %s",
             SIMULATED_WARNING,
-            settings.simulated.harness_url,
+            ", ".join(settings.simulated.harness_url),
         )
     else:
         log.info("backend: local (learners run on this host)")
