@@ -195,6 +195,16 @@ def test_three_replicas_share_the_learners_reports(
         assert all(count >= sum(served) / 8 for count in served), served
 
 
+def _start(home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ffdl.server.main", "--home", str(home), "--port", "9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def test_the_simulated_backend_needs_its_section_and_sane_rates(tmp_path: Path) -> None:
     settings = Settings.load(tmp_path, backend="simulated")
     with pytest.raises(ValueError, match=r"needs a `simulated:` section"):
@@ -205,13 +215,7 @@ def test_the_simulated_backend_needs_its_section_and_sane_rates(tmp_path: Path) 
     config = simulated_config("http://127.0.0.1:9", lines_per_s=-1)
     del config["simulated"]["metrics_per_s"]
     (home / "config.yaml").write_text(yaml.safe_dump(config))
-    started = subprocess.run(
-        [sys.executable, "-m", "ffdl.server.main", "--home", str(home), "--port", "9"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    started = _start(home)
     assert started.returncode != 0
     assert "simulated.lines_per_s: Input should be greater than or equal to 0" in started.stderr
     assert "simulated.metrics_per_s: Field required" in started.stderr
@@ -220,13 +224,7 @@ def test_the_simulated_backend_needs_its_section_and_sane_rates(tmp_path: Path) 
     (home / "config.yaml").write_text(
         yaml.safe_dump(simulated_config(["http://127.0.0.1:9", "ftp://127.0.0.1:10"]))
     )
-    started = subprocess.run(
-        [sys.executable, "-m", "ffdl.server.main", "--home", str(home), "--port", "9"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    started = _start(home)
     assert started.returncode != 0
     assert "harness_url must be http://HOST:PORT, got 'ftp://127.0.0.1:10'" in started.stderr
     assert not (home / "ffdl.db").exists()

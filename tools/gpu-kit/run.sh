@@ -70,9 +70,9 @@ case " $steps " in *" fleet "*)
   id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
   ulimit -n 65536 2>/dev/null || true  # thousands of learners' connections
   echo "cores: $(nproc); $("$pg/pgserver/pginstall/bin/postgres" --version)"
-  PATH="$pg/pgserver/pginstall/bin:$PATH" step fleet "${FLEET_TIMEOUT:-420}" $PY benchmarks/fleet.py \
-    --nodes 10000 --stored 100000 --setups postgres:3 --learners 2000 --duration 120 \
-    --window 60 --harnesses 8 --platform-cpus 0,1 ${FLEET_ARGS:-}
+  PATH="$pg/pgserver/pginstall/bin:$PATH" step fleet "${FLEET_TIMEOUT:-300}" $PY benchmarks/fleet.py \
+    --nodes 10000 --stored 100000 --setups postgres:3 --learners 2000 --duration 75 \
+    --window 30 --harnesses 8 --platform-cpus 0,1 ${FLEET_ARGS:-}
 ;; esac
 log "done (status $status)"
 exit $status
