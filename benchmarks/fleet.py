@@ -5,7 +5,8 @@
 (``sqlite:1``, ``postgres:1``, ``postgres:3``: store and replicas), the real platform with
 the ``simulated`` backend: a load-testing harness process (``ffdl.loadtest.harness``) plays
 every learner on the wire. Jobs arrive with the gaps of the Philly trace (``data/``,
-scaled to keep ``--learners`` learners running), their sizes from the trace, across four
+scaled to keep ``--learners`` learners running; ``--arrivals poisson``: steady gaps of
+the same mean), their sizes from the trace, across four
 tenants and three priorities, one in five elastic. Replicas on PostgreSQL divide the loops
 among themselves (``--loops together`` keeps them in one, to compare). After a ramp of one
 job length it measures for ``--window`` seconds and prints one row per run:
@@ -105,13 +106,18 @@ class Run:
     lost: int = 0
 
 
-def arrivals(count: int, mean_gap_s: float, seed: int) -> list[tuple[float, int]]:
-    """``count`` (gap, GPUs) pairs from the Philly trace, gaps scaled to ``mean_gap_s``."""
+def arrivals(
+    count: int, mean_gap_s: float, seed: int, *, poisson: bool = False
+) -> list[tuple[float, int]]:
+    """``count`` (gap, GPUs) pairs from the Philly trace, gaps scaled to ``mean_gap_s``;
+    ``poisson``: the trace's sizes with exponential gaps of that mean instead of its own."""
     jobs = load_philly(None, TraceFilter(sample=1.0, seed=seed), max_gpus=64)
     jobs.sort(key=lambda job: job.submit_s)
     gaps = [max(0.0, b.submit_s - a.submit_s) for a, b in itertools.pairwise(jobs)]
     rng = random.Random(seed)
     start = rng.randrange(max(1, len(gaps) - count))
+    if poisson:
+        return [(rng.expovariate(1.0 / mean_gap_s), jobs[start + i].gpus) for i in range(count)]
     # Scaled by the picked stretch's own mean gap: the trace's bursts and lulls are kept,
     # and the arrival rate over the stretch is the one asked for.
     mean = statistics.fmean(gaps[start : start + count]) or 1.0
@@ -413,7 +419,12 @@ class Fleet:
         total_s = args.duration + args.window + 5
         # Arrivals for a little longer than the run (the submitter stops with it), at the
         # asked rate over that time.
-        plan = arrivals(int(1.1 * rate * total_s) + 10, 1.0 / rate, args.seed)
+        plan = arrivals(
+            int(1.1 * rate * total_s) + 10,
+            1.0 / rate,
+            args.seed,
+            poisson=args.arrivals == "poisson",
+        )
         threads = [
             threading.Thread(target=self._submitter, args=(replicas, tokens, plan), daemon=True),
             threading.Thread(target=self._prober, args=(replicas,), daemon=True),
@@ -686,6 +697,13 @@ def main() -> dict[str, float]:
         choices=("spread", "together"),
         default="spread",
         help="replicas on PostgreSQL divide the loops (spread) or one runs them all (together)",
+    )
+    parser.add_argument(
+        "--arrivals",
+        choices=("trace", "poisson"),
+        default="trace",
+        help="gaps between jobs: the trace's, bursts and lulls kept (trace), or a steady "
+        "Poisson stream of the same mean (poisson); sizes from the trace either way",
     )
     parser.add_argument(
         "--harnesses", type=int, default=1, help="harness processes sharing the learners"
