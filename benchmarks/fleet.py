@@ -47,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -213,7 +214,8 @@ class Fleet:
             k: [] for k in ("submit", "list", "list deep", "list after", "show", "loglines")
         }
         self.submitted: list[str] = []
-        self.errors: dict[int, int] = {}
+        # Failed calls by HTTP status; 0: no answer at all (the connection failed).
+        self.errors: Counter[int] = Counter()
         self.measuring = threading.Event()
         self.stop = threading.Event()
 
@@ -355,12 +357,12 @@ class Fleet:
         except httpx.HTTPError:
             if not self.stop.is_set():
                 with self.lock:
-                    self.errors[0] = self.errors.get(0, 0) + 1
+                    self.errors[0] += 1
             return
         took = time.perf_counter() - started
         with self.lock:
             if answer.status_code != 201:
-                self.errors[answer.status_code] = self.errors.get(answer.status_code, 0) + 1
+                self.errors[answer.status_code] += 1
                 return
             self.submitted.append(str(answer.json()["model_id"]))
             if self.measuring.is_set():
@@ -395,9 +397,7 @@ class Fleet:
                     took = time.perf_counter() - started
                     with self.lock:
                         if answer.status_code >= 400:
-                            self.errors[answer.status_code] = (
-                                self.errors.get(answer.status_code, 0) + 1
-                            )
+                            self.errors[answer.status_code] += 1
                         elif self.measuring.is_set():
                             self.latency[name].append(took)
         finally:
