@@ -249,7 +249,8 @@ class LiveServer:
 
     def diagnosis(self, job_id: str) -> str:
         """What a failed wait needs to be understood: the job's status, its last events and
-        learners, and the end of the server's log."""
+        learners, the other jobs that have not ended (what may hold its resources), and the
+        end of the server's log."""
         model = self.model(job_id)
         events = [
             f"  {e['time']} {e.get('from')} -> {e['to']} learner={e.get('learner')}: "
@@ -262,10 +263,33 @@ class LiveServer:
                 f"learners: {model.get('learners')}",
                 "events:",
                 *events,
+                "other jobs not ended:",
+                *self._unended_others(job_id),
                 "server log:",
                 self.log_tail(60),
             ]
         )
+
+    def _unended_others(self, job_id: str) -> list[str]:
+        response = self.client.get("/v1/models", params={"limit": 100})
+        if response.status_code != 200:
+            return [f"  (cannot list jobs: {response.status_code})"]
+        described = []
+        for listed in response.json()["models"]:
+            other = str(listed["model_id"])
+            if other == job_id:
+                continue
+            model = self.model(other)
+            status = model["training"]["training_status"]["status"]
+            if status in {"COMPLETED", "FAILED", "CANCELLED"}:
+                continue
+            learners = [
+                (lr["learner"], lr["attempt"], lr["status"], lr["node"])
+                for lr in model.get("learners") or []
+            ]
+            last = (model.get("events") or [{}])[-1]
+            described.append(f"  {other} {status} ({last.get('reason')}); learners {learners}")
+        return described or ["  none"]
 
     def loglines(self, job_id: str, **params: Any) -> list[dict[str, Any]]:
         response = self.client.get(

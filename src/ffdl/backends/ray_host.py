@@ -72,6 +72,8 @@ CODE_READY = ".code-ready"
 UNDELIVERED_LINGER_S = 3600.0
 # After its result was polled, a host stays this long (a second poll may come).
 POLLED_LINGER_S = 30.0
+# How long a host that asked Ray to kill it waits before its worker process exits anyway.
+SELF_KILL_GRACE_S = 10.0
 
 
 def _free_port(address: str) -> int:
@@ -351,3 +353,11 @@ class LearnerHost:
             self._wake.clear()
         with contextlib.suppress(Exception):
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+        # A kill of a threaded actor by itself can go unanswered, and the actor would then
+        # hold its bundle (and the GPUs the platform has already given to another job) for
+        # good. Its worker process exits instead: the actor never restarts, so Ray counts it
+        # dead and the driver's reaper removes the placement group.
+        time.sleep(SELF_KILL_GRACE_S)
+        log.warning("the kill of this learner's actor was not carried out: its worker exits")
+        logging.shutdown()
+        os._exit(0)
