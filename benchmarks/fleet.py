@@ -285,6 +285,7 @@ class Fleet:
             "database_url": database_url,
             "spread_loops": args.loops == "spread",
             "report_records_at_once": args.records_at_once,
+            "report_posts_per_s": args.report_posts_per_s,
             "backend": "simulated",
             "sandbox": False,
             "gpu_sample_s": 0,
@@ -693,6 +694,12 @@ def main() -> dict[str, float]:
         help="each replica's report_records_at_once (records-only batches stored at once)",
     )
     parser.add_argument(
+        "--report-posts-per-s",
+        type=float,
+        default=50.0,
+        help="each replica's report_posts_per_s (the pace it asks of its learners; 0: none)",
+    )
+    parser.add_argument(
         "--loops",
         choices=("spread", "together"),
         default="spread",
@@ -728,6 +735,8 @@ def main() -> dict[str, float]:
             parser.error(f"--setups: unknown store or replica count in {setup}")
     if args.records_at_once < 1:
         parser.error("--records-at-once must be at least 1")
+    if args.report_posts_per_s < 0:
+        parser.error("--report-posts-per-s must be at least 0")
     if args.harnesses < 1:
         parser.error("--harnesses must be at least 1")
     if args.platform_cpus is not None:

@@ -97,6 +97,8 @@ class RecordingApi:
         self.lock = threading.Lock()
         self.accepted: list[dict[str, Any]] = []
         self.batches: list[dict[str, Any]] = []
+        # When each batch arrived (time.monotonic), beside ``batches``.
+        self.arrivals: list[float] = []
         self.violations: list[str] = []
         # First seqs of batches refused with 409 because they did not continue the stream.
         self.refusals: list[int] = []
@@ -108,6 +110,8 @@ class RecordingApi:
         self.cancel = False
         # The batch answers carry (a job that rebatches in place); None: no batch.
         self.batch: dict[str, Any] | None = None
+        # The gap between posts the answers ask (``pace_s``); None: not asked.
+        self.pace_s: float | None = None
         # Answer halt once a status item with this value has been accepted.
         self.halt_after_status: str | None = None
         self.port = 0
@@ -146,6 +150,7 @@ class RecordingApi:
     ) -> tuple[int, dict[str, Any]] | None:
         with self.lock:
             self.batches.append(body)
+            self.arrivals.append(time.monotonic())
             if self.fail_status is not None and self.fail_remaining != 0:
                 self.fail_remaining -= 1
                 return self.fail_status, {"error": "told to fail"}
@@ -174,6 +179,8 @@ class RecordingApi:
             answer = {"accepted": accepted, "last_seq": last, "halt": self.halt}
             if self.batch is not None:
                 answer["batch"] = self.batch
+            if self.pace_s is not None:
+                answer["pace_s"] = self.pace_s
             return 200, {**answer, "cancel": self.cancel}
 
     # -- what was accepted ----------------------------------------------------------------

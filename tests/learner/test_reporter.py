@@ -4,9 +4,11 @@ halt/cancel/gone answers."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +194,39 @@ def test_each_new_batch_the_api_answers_with_is_passed_on_once(api: RecordingApi
     wait_until(lambda: len(told) == 2, timeout_s=5, what="the second batch")
     assert told == [first, second]
     assert reporter.drain(5.0)
+
+
+def test_posts_keep_the_pace_the_api_asks_and_a_status_does_not_wait(
+    api: RecordingApi,
+) -> None:
+    api.pace_s = 0.8
+    reporter = make_reporter(api, heartbeat_s=0.05)
+    wait_until(lambda: api.heartbeats() >= 1, timeout_s=5, what="the first answer")
+    for index in range(40):  # a line every 50 ms for two seconds
+        reporter.log("stdout", f"line {index}")
+        time.sleep(0.05)
+    queued_at = time.monotonic()
+    reporter.status("HALTED")
+    wait_until(lambda: api.statuses() == ["HALTED"], timeout_s=5, what="the status")
+    assert time.monotonic() - queued_at < 0.5, "a status goes out whatever the pace"
+    assert reporter.drain(5.0)
+    assert api.log_texts() == [f"line {index}" for index in range(40)]
+    with api.lock:
+        times = list(api.arrivals)
+        sizes = [len(batch["items"]) for batch in api.batches]
+    # Heartbeats and lines alike went out no closer than the pace (bar the status's post).
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)][:-1]
+    assert min(gaps) >= 0.5, gaps  # 0.8 asked; a post may spend longer in transit
+    assert max(sizes) >= 8, f"lines gathered into fewer, larger posts: {sizes}"
+
+
+def test_a_pace_does_not_hold_back_the_last_reports(api: RecordingApi) -> None:
+    api.pace_s = 30.0
+    reporter = make_reporter(api, heartbeat_s=0.05)
+    wait_until(lambda: api.heartbeats() >= 1, timeout_s=5, what="the first answer")
+    reporter.log("stdout", "the last line")
+    assert reporter.drain(5.0)
+    assert api.log_texts() == ["the last line"]
 
 
 def test_a_revoked_token_means_the_job_is_gone(api: RecordingApi) -> None:

@@ -4,7 +4,10 @@ This module owns the report protocol's sending side: every status, log line and 
 queued in order, and one sender thread posts them in order, in batches, retrying through API
 outages (the server drops seqs it already has, so resending is safe) and passing the API's
 halt, cancel and "job gone" answers back to the controller, and the batch a job that
-rebatches in place should now use (``on_batch``).
+rebatches in place should now use (``on_batch``). Each answer also names the gap the API
+asks between posts (``pace_s``, ``ffdl.server.report_pace``): the sender leaves at least that
+long between two posts, sending more items per post, except for a status, which goes out
+at once.
 
 Nothing queued is dropped while the API is slow or away. The queue (``spool.Spool``) keeps
 its head in memory and spills the rest to disk in the controller's state directory, and the
@@ -55,6 +58,8 @@ BACKOFF_MAX_S = 2.0
 # (committed together with other learners' batches that arrive with it).
 BATCH_MAX_ITEMS = 2000
 BATCH_MAX_BYTES = 1024 * 1024
+# The longest gap between posts an API's ``pace_s`` can ask (a guard, not a setting).
+MAX_PACE_S = 60.0
 # How often a producer waiting for room retries the disk (which may have room again).
 ROOM_RECHECK_S = 1.0
 
@@ -138,6 +143,10 @@ class Reporter:
         # exactly them, with the same seqs.
         self._held = 0
         self._first_pending_at = 0.0
+        # The gap the API asks between posts (its last answer's ``pace_s``), and whether a
+        # status waits to go out regardless.
+        self._pace_s = 0.0
+        self._urgent = False
         self._last_attempt_at = time.monotonic()
         self._last_progress_at = time.monotonic()
         self._first_failure_at: float | None = None
@@ -166,6 +175,7 @@ class Reporter:
         return self._add(
             "status",
             {"status": status, "reason": reason, "exit_code": exit_code, "error_code": error_code},
+            urgent=True,
         )
 
     def log(self, stream: str, text: str) -> int:
@@ -191,14 +201,17 @@ class Reporter:
         """One sample of the learner's GPUs (``ffdl.learner.gpu_sampler``)."""
         return self._add("gpu", {"gpus": gpus})
 
-    def _add(self, kind: str, fields: dict[str, Any], at: float | None = None) -> int:
+    def _add(
+        self, kind: str, fields: dict[str, Any], at: float | None = None, urgent: bool = False
+    ) -> int:
         item = {"type": kind, "time": time.time() if at is None else at}
         item.update(fields)
         # ensure_ascii (the default) keeps an item on one line of the spool whatever it holds.
-        return self._add_text(json.dumps(item, separators=(",", ":")))
+        return self._add_text(json.dumps(item, separators=(",", ":")), urgent)
 
-    def _add_text(self, text: str) -> int:
-        """Queue one item (a JSON object without its seq); its seq as things stand now."""
+    def _add_text(self, text: str, urgent: bool = False) -> int:
+        """Queue one item (a JSON object without its seq); its seq as things stand now.
+        An ``urgent`` item (a status) goes out without waiting for the API's pace."""
         with self._lock:
             if self._gone or self._gave_up:
                 return 0
@@ -206,7 +219,10 @@ class Reporter:
             if not queued:
                 self._first_pending_at = time.monotonic()
             self._spool.put(text)
-            if queued == 0 or queued + 1 == self._batch_max or self._closing:
+            if urgent and not self._urgent:
+                self._urgent = True
+                self._wakeup.notify()
+            elif queued == 0 or queued + 1 == self._batch_max or self._closing:
                 self._wakeup.notify()
             self._tell_spool_problem_locked()
             return self._next_seq + queued
@@ -300,18 +316,21 @@ class Reporter:
                     return _Batch(self._next_seq, self._spool.peek(self._held, BATCH_MAX_BYTES))
                 if queued:
                     wait = self._first_pending_at + self._batch_wait_s - now
+                    if not self._urgent:
+                        wait = max(wait, self._last_attempt_at + self._pace_s - now)
                     if queued >= self._batch_max or self._closing or wait <= 0:
                         texts = self._spool.peek(self._batch_max, BATCH_MAX_BYTES)
                         self._tell_spool_problem_locked()
                         if texts:
                             self._held = len(texts)
+                            self._urgent = False
                             return _Batch(self._next_seq, texts)
                         # The spool cannot read its disk just now; try again shortly.
                         wait = ROOM_RECHECK_S
                 elif self._closing:
                     return None
                 else:
-                    wait = self._last_attempt_at + self._heartbeat_s - now
+                    wait = self._last_attempt_at + max(self._heartbeat_s, self._pace_s) - now
                     if wait <= 0:
                         return _Batch(self._next_seq, [])
                 self._wakeup.wait(wait)
@@ -363,7 +382,10 @@ class Reporter:
         answer = _json_object(payload)
         last_seq = answer.get("last_seq")
         server_seq = last_seq if isinstance(last_seq, int) and last_seq >= 0 else None
+        pace = answer.get("pace_s")
         with self._lock:
+            if isinstance(pace, int | float) and not isinstance(pace, bool) and pace >= 0:
+                self._pace_s = min(float(pace), MAX_PACE_S)
             self._first_failure_at = None
             self._last_progress_at = time.monotonic()
             if (

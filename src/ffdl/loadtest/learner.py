@@ -2,7 +2,8 @@
 
 It starts no process and touches no file. Over the real report API of the real platform
 it reports ``DOWNLOADING`` and ``PROCESSING``, then, every ``report_every_s`` (sooner when a
-heartbeat is due), the log lines and metric points its rates made since the last batch;
+heartbeat is due, later when the API's answers ask a longer ``pace_s``), the log lines and
+metric points its rates made since the last batch;
 after ``duration_s`` it reports ``STORING`` and its result (``COMPLETED``, or ``FAILED``
 with exit code 1). A halt, asked by the backend or in a report's answer, ends it
 ``HALTED``; a kill ends it at once with no result. Batches follow the report protocol: a
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from ffdl.learner.reporter import MAX_PACE_S
 
 GONE_STATUSES = frozenset({401, 403, 404, 410})
 BATCH_MAX_ITEMS = 2000
@@ -108,6 +111,7 @@ class SimulatedLearner:
         self._pending: list[dict[str, Any]] = []
         self._next_seq = 1
         self._target = 0
+        self._pace_s = 0.0
         self._halt = asyncio.Event()
         self.result: dict[str, Any] | None = None
         self.killed = False
@@ -170,7 +174,8 @@ class SimulatedLearner:
             owed_lines -= int(owed_lines)
             owed_metrics -= int(owed_metrics)
             await self._send_all()
-            wait = min(b.report_every_s, b.heartbeat_s, max(0.0, started + b.duration_s - now))
+            wait = max(min(b.report_every_s, b.heartbeat_s), self._pace_s)
+            wait = min(wait, max(0.0, started + b.duration_s - now))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._halt.wait(), timeout=max(wait, 0.01))
 
@@ -237,6 +242,9 @@ class SimulatedLearner:
         last_seq = answer.get("last_seq")
         if isinstance(last_seq, int) and last_seq >= self._next_seq:
             self._next_seq = last_seq + 1
+        pace = answer.get("pace_s")
+        if isinstance(pace, int | float) and not isinstance(pace, bool) and pace >= 0:
+            self._pace_s = min(float(pace), MAX_PACE_S)
         self._counts.backlog -= len(batch)
         self._counts.lines_acked += sum(1 for item in batch if item["type"] == "log")
         self._counts.metrics_acked += sum(1 for item in batch if item["type"] == "emetric")

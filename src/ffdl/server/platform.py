@@ -16,6 +16,7 @@ from ffdl.server.credentials import CredentialVault
 from ffdl.server.leases import LeaseKeeper
 from ffdl.server.passwords import SignIns
 from ffdl.server.report_lanes import ReportLanes
+from ffdl.server.report_pace import ReportPace
 from ffdl.server.settings import Settings
 from ffdl.server.store.db import Store
 from ffdl.server.store.group_commit import GroupCommit
@@ -86,12 +87,21 @@ class Platform:
     report_writes: GroupCommit = field(init=False)
     # Status reports ahead of records-only ones (``ffdl.server.report_lanes``).
     report_lanes: ReportLanes = field(init=False)
+    # The gap asked of learners between their posts (``ffdl.server.report_pace``).
+    report_pace: ReportPace = field(init=False)
     # Where old log lines and metrics are kept (``ffdl.server.archive``).
     archive: RecordArchive = field(init=False)
 
     def __post_init__(self) -> None:
         self.report_writes = GroupCommit(self.store)
         self.report_lanes = ReportLanes(self.settings.report_records_at_once)
+        settings = self.settings
+        longest = settings.heartbeat_timeout_s / 3
+        self.report_pace = ReportPace(
+            settings.report_posts_per_s,
+            longest_s=longest,
+            window_s=2 * max(longest, settings.heartbeat_s),
+        )
         self.archive = RecordArchive.for_settings(self.settings)
 
     def close(self) -> None:

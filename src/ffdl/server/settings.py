@@ -172,6 +172,10 @@ class Settings(BaseSettings):
     # Learners' report batches of only log lines and metrics stored at once in a process;
     # batches with a status go ahead of them (``ffdl.server.report_lanes``).
     report_records_at_once: int = Field(default=8, ge=1)
+    # The report posts a second a replica asks its learners to keep to, together: each post's
+    # answer tells its learner the gap to leave before the next (``ffdl.server.report_pace``),
+    # at most a third of ``heartbeat_timeout_s``. 0: no pace asked.
+    report_posts_per_s: float = Field(default=50.0, ge=0)
 
     # Elastic scaling.
     autoscaler_interval_s: float = 30.0

@@ -57,7 +57,9 @@ async def post_reports(
 
     async def store() -> dict[str, Any]:
         ack = await run_in_threadpool(ingest_reports, platform, job_id, learner, token, batch)
-        return ack.to_json()
+        answer = ack.to_json()
+        answer["pace_s"] = platform.report_pace.observe(f"{job_id}/{learner}/{batch.attempt}")
+        return answer
 
     return await platform.report_lanes.run(batch.items, store, request.is_disconnected)
 

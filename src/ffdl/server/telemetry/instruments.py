@@ -120,6 +120,16 @@ REPORT_BATCHES = Gauge(
     registry=REGISTRY,
 )
 
+REPORTING_LEARNERS = Gauge(
+    "ffdl_reporting_learners",
+    "Learners that posted a report to this process lately (what its report pace is set by).",
+    registry=REGISTRY,
+)
+REPORT_PACE = Gauge(
+    "ffdl_report_pace_seconds",
+    "The gap this process asks each learner to leave between its report posts.",
+    registry=REGISTRY,
+)
 PROCESS_FROZEN_OBJECTS = Gauge(
     "ffdl_process_frozen_objects",
     "Objects this process froze after start-up, which garbage collections no longer walk.",
