@@ -497,11 +497,13 @@ class Fleet:
             / elapsed
             * 100,
             "harness CPU %": (after_harness_cpu - before_harness_cpu) / elapsed * 100,
-            # Every learner posts about once a second: what each post cost the replicas,
-            # whatever else they did meanwhile (loops, API calls) counted in.
+            "posts/s": (after_stats["posts"] - before_stats["posts"]) / elapsed,
+            # What each post, and each line, cost the replicas, whatever else they did
+            # meanwhile (loops, API calls) counted in.
             "CPU ms per post": (after_cpu - before_cpu)
             * 1000
             / max(1, after_stats["posts"] - before_stats["posts"]),
+            "CPU µs per line": (after_cpu - before_cpu) * 1e6 / max(1, lines),
             "max RSS MiB": max(rss_mib(pid) for pid in pids),
             "DB MiB per M lines": (after_db - before_db) / 2**20 / (lines / 1e6) if lines else None,
             "scrape ms": scrape_s * 1000,
@@ -632,7 +634,9 @@ def print_runs(runs: list[Run]) -> None:
                 "replicas CPU %",
                 "busiest replica %",
                 "harness CPU %",
+                "posts/s",
                 "CPU ms per post",
+                "CPU µs per line",
             ],
         ),
         (
@@ -696,7 +700,7 @@ def main() -> dict[str, float]:
     parser.add_argument(
         "--report-posts-per-s",
         type=float,
-        default=50.0,
+        default=15.0,
         help="each replica's report_posts_per_s (the pace it asks of its learners; 0: none)",
     )
     parser.add_argument(

@@ -151,7 +151,19 @@ class SimulatedLearner:
         last = started
         owed_lines = owed_metrics = 0.0
         while not self.gone:
-            now = time.monotonic()
+            # What the command printed since the last wake-up (up to its end), first: a
+            # learner paced for longer than its run still reports every line of it.
+            now = min(time.monotonic(), started + b.duration_s)
+            owed_lines += b.lines_per_s * (now - last)
+            owed_metrics += b.metrics_per_s * (now - last)
+            last = now
+            for _ in range(int(owed_lines)):
+                self._log(f"simulated line {next(self._lines)}")
+            for _ in range(int(owed_metrics)):
+                iteration = next(self._iterations)
+                self._metric(iteration, {"loss": 1.0 / iteration})
+            owed_lines -= int(owed_lines)
+            owed_metrics -= int(owed_metrics)
             if self._halt.is_set():
                 await self._finish("HALTED", "halted", None)
                 return
@@ -163,16 +175,6 @@ class SimulatedLearner:
                     1 if failed else 0,
                 )
                 return
-            owed_lines += b.lines_per_s * (now - last)
-            owed_metrics += b.metrics_per_s * (now - last)
-            last = now
-            for _ in range(int(owed_lines)):
-                self._log(f"simulated line {next(self._lines)}")
-            for _ in range(int(owed_metrics)):
-                iteration = next(self._iterations)
-                self._metric(iteration, {"loss": 1.0 / iteration})
-            owed_lines -= int(owed_lines)
-            owed_metrics -= int(owed_metrics)
             await self._send_all()
             wait = max(min(b.report_every_s, b.heartbeat_s), self._pace_s)
             wait = min(wait, max(0.0, started + b.duration_s - now))

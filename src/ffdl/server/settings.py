@@ -175,7 +175,7 @@ class Settings(BaseSettings):
     # The report posts a second a replica asks its learners to keep to, together: each post's
     # answer tells its learner the gap to leave before the next (``ffdl.server.report_pace``),
     # at most a third of ``heartbeat_timeout_s``. 0: no pace asked.
-    report_posts_per_s: float = Field(default=50.0, ge=0)
+    report_posts_per_s: float = Field(default=15.0, ge=0)
 
     # Elastic scaling.
     autoscaler_interval_s: float = 30.0
