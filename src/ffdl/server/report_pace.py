@@ -1,15 +1,16 @@
 """The pace a replica asks of the learners that report to it.
 
-A report post costs a replica much the same CPU whatever it carries (the HTTP exchange,
-the job's row lock, its share of a commit), so with many learners it is the number of
-posts, not of log lines, that saturates the replicas. Each replica therefore counts the
+A learner posts again as soon as its last post is answered and its short batching wait is
+over, so the more learners, the more posts, until the replicas are saturated and their
+answers slow down: the learners then pace themselves, but through queues that every other
+request (submits, lists, the loops' work) waits in too. Each replica therefore counts the
 learners that posted to it within the last ``window_s`` and answers every post with
 ``pace_s``: the gap each of them should leave before its next post, so that together they
 post about ``posts_per_s`` times a second. A learner keeps queueing meanwhile and sends
 more per post; a status change goes out at once whatever the pace, so that starts and ends
-are never held back. With fewer learners than ``posts_per_s`` the pace is under a second
-and changes nothing; it never exceeds ``longest_s``, which stays well inside the time after
-which a silent learner is taken for lost.
+are never held back. With no more learners than ``posts_per_s`` the pace is at most a
+second and changes nothing; it never exceeds ``longest_s``, which stays well inside the
+time after which a silent learner is taken for lost.
 
 In a pool of worker processes each worker counts the learners that posted to it; their
 connections are closed every few seconds and land on other workers, so each worker sees
