@@ -382,10 +382,10 @@ class Reporter:
         answer = _json_object(payload)
         last_seq = answer.get("last_seq")
         server_seq = last_seq if isinstance(last_seq, int) and last_seq >= 0 else None
-        pace = answer.get("pace_s")
+        pace = asked_pace(answer)
         with self._lock:
-            if isinstance(pace, int | float) and not isinstance(pace, bool) and pace >= 0:
-                self._pace_s = min(float(pace), MAX_PACE_S)
+            if pace is not None:
+                self._pace_s = pace
             self._first_failure_at = None
             self._last_progress_at = time.monotonic()
             if (
@@ -544,6 +544,15 @@ def _json_object(payload: bytes) -> dict[str, Any]:
     except ValueError:
         return {}
     return answer if isinstance(answer, dict) else {}
+
+
+def asked_pace(answer: dict[str, Any]) -> float | None:
+    """The gap between posts a report answer asks (``pace_s``), at most ``MAX_PACE_S``;
+    None when it asks none or something that is not a gap."""
+    pace = answer.get("pace_s")
+    if isinstance(pace, int | float) and not isinstance(pace, bool) and pace >= 0:
+        return min(float(pace), MAX_PACE_S)
+    return None
 
 
 def _expected_seq(payload: bytes) -> int | None:

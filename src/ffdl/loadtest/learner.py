@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from ffdl.learner.reporter import MAX_PACE_S
+from ffdl.learner.reporter import asked_pace
 
 GONE_STATUSES = frozenset({401, 403, 404, 410})
 BATCH_MAX_ITEMS = 2000
@@ -244,9 +244,9 @@ class SimulatedLearner:
         last_seq = answer.get("last_seq")
         if isinstance(last_seq, int) and last_seq >= self._next_seq:
             self._next_seq = last_seq + 1
-        pace = answer.get("pace_s")
-        if isinstance(pace, int | float) and not isinstance(pace, bool) and pace >= 0:
-            self._pace_s = min(float(pace), MAX_PACE_S)
+        pace = asked_pace(answer)
+        if pace is not None:
+            self._pace_s = pace
         self._counts.backlog -= len(batch)
         self._counts.lines_acked += sum(1 for item in batch if item["type"] == "log")
         self._counts.metrics_acked += sum(1 for item in batch if item["type"] == "emetric")
