@@ -567,3 +567,28 @@ def test_stop_server_kills_a_platform_that_ignores_sigterm(
     assert stubborn_process.stdout.readline() == "ready\n"
     stop_server(stubborn_process, grace=0.3)
     assert stubborn_process.returncode == -signal.SIGKILL
+
+
+def test_the_replicas_table_marks_a_replica_that_serves_the_api_only() -> None:
+    from ffdl.cli.cluster_render import replicas_table
+
+    seen = "2026-01-02T03:04:05Z"
+    body = {
+        "this_replica": "r-api",
+        "replicas": [
+            {"id": "r-loops", "url": "http://a", "alive": True, "runs_loops": True},
+            {"id": "r-api", "url": "http://b", "alive": True, "runs_loops": False},
+            {"id": "r-old", "url": "http://c", "alive": False, "runs_loops": False},
+        ],
+    }
+    for replica in body["replicas"]:
+        replica["seen_at"] = seen
+    out = io.StringIO()
+    Console(file=out, width=160).print(replicas_table(body, 160))
+    lines = out.getvalue().splitlines()
+    rows = {
+        name: next(line for line in lines if name in line) for name in ("r-loops", "r-api", "r-old")
+    }
+    assert "API only" not in rows["r-loops"]
+    assert "up, API only" in rows["r-api"]
+    assert "gone, API only" in rows["r-old"]

@@ -243,7 +243,7 @@ def test_the_key_index_is_added_to_an_older_database(tmp_path: Path) -> None:
         db.execute("ALTER TABLE jobs DROP COLUMN idempotency_key")
         db.execute("ALTER TABLE jobs DROP COLUMN idempotency_digest")
         # What a database from before migrations looked like: no revision, and nothing that
-        # later revisions (0002 to 0008) added.
+        # later revisions (0002 to 0009) added.
         db.execute("DROP TABLE alembic_version")
         for table in ("leases", "replicas", "gpu_samples", "cluster_samples", "record_chunks"):
             db.execute(f"DROP TABLE {table}")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import LeaseLost, StatusChanged
@@ -15,13 +16,19 @@ from ffdl.core.status import JobStatus
 from ffdl.server.leases import LOOPS, LeaseKeeper, fenced
 from ffdl.server.store.db import Store
 from ffdl.server.store.models import Event, Job, Lease, Replica, Tenant
-from ffdl.server.store.transitions import set_job_status, utcnow
+from ffdl.server.store.transitions import lock_jobs, set_job_status, utcnow
 from tests.integration.live import wait_for
 from tests.server.factories import DATABASES, make_job, make_store
 
 
 def keeper(
-    store: Store, name: str, *, ttl_s: float = 30.0, hang_s: float = 60.0, spread: bool = False
+    store: Store,
+    name: str,
+    *,
+    ttl_s: float = 30.0,
+    hang_s: float = 60.0,
+    spread: bool = False,
+    runs_loops: bool = True,
 ) -> LeaseKeeper:
     return LeaseKeeper(
         store,
@@ -31,6 +38,7 @@ def keeper(
         ttl_s=ttl_s,
         hang_s=hang_s,
         spread=spread,
+        runs_loops=runs_loops,
     )
 
 
@@ -209,6 +217,28 @@ def test_the_first_survivor_takes_every_lease_of_a_gone_replica_then_shares_them
     tick_until_spread([a, b], 3, rounds=8)
 
 
+def test_a_replica_serving_the_api_only_takes_no_lease_and_no_share(store: Store) -> None:
+    api = keeper(store, "api", spread=True, runs_loops=False)
+    assert api.tick() == [], "every lease is free, and still it takes none"
+    a, b = keeper(store, "a", spread=True), keeper(store, "b", spread=True)
+    # Counted among the live replicas, it would make the share ceil(6 / 3) = 2 and leave
+    # two leases handed back and forth between a and b.
+    tick_until_spread([a, b], 3, rounds=8)
+    with store.read() as session:
+        tokens = {lease.name: lease.token for lease in session.query(Lease)}
+    for _ in range(3):
+        assert api.tick() == [] and a.tick() == [] and b.tick() == [], "settled"
+    assert api.held() == [] and all(api.fence(name) is None for name in LOOPS)
+    with store.read() as session:
+        assert {lease.name: lease.token for lease in session.query(Lease)} == tokens
+        roles = {r.id: r.runs_loops for r in session.query(Replica)}
+    assert roles == {"api": False, "a": True, "b": True}
+    # Even with every replica that runs the loops gone, it takes none.
+    a.release()
+    b.release()
+    assert api.tick() == [] and api.held() == []
+
+
 def test_spreading_does_not_leave_a_lease_free_when_every_replica_has_its_share(
     store: Store,
 ) -> None:
@@ -241,3 +271,44 @@ def test_two_transactions_cannot_both_move_a_job_from_the_same_status(tmp_path: 
     with store.read() as session:
         events = session.scalars(select(Event.reason).where(Event.job_id == job_id)).all()
     assert list(events) == ["placed by one"]
+
+
+def test_jobs_locked_together_are_read_fresh_once_and_not_again_by_the_gate(
+    tmp_path: Path,
+) -> None:
+    """``lock_jobs`` reads the stored statuses under the lock, even of a job the session
+    had read before another transaction moved it; the gate then asks nothing more."""
+    store = make_store(tmp_path, "postgresql")
+    ids = [make_job(store, f"training-lock{n}") for n in range(5)]
+    first, second = Session(store.engine), Session(store.engine)
+    try:
+        stale = second.get(Job, ids[0])
+        assert stale is not None and stale.status == "QUEUED"
+        moved = first.get(Job, ids[0])
+        assert moved is not None
+        set_job_status(first, moved, JobStatus.PENDING, "placed by one")
+        first.commit()
+
+        statements: list[str] = []
+
+        def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            statements.append(statement)
+
+        event.listen(store.engine, "before_cursor_execute", count)
+        try:
+            jobs = lock_jobs(second, ids)
+            assert jobs[ids[0]].status == "PENDING", "read again under the lock"
+            for job_id in ids[1:]:
+                set_job_status(second, jobs[job_id], JobStatus.PENDING, "placed by two")
+            second.flush()
+        finally:
+            event.remove(store.engine, "before_cursor_execute", count)
+        second.commit()
+    finally:
+        first.close()
+        second.close()
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    assert len(reads) == 1, reads
+    with store.read() as session:
+        reasons = dict(session.execute(select(Event.job_id, Event.reason)).all())
+    assert reasons == {ids[0]: "placed by one", **{j: "placed by two" for j in ids[1:]}}

@@ -177,3 +177,22 @@ def test_the_server_module_rejects_a_bad_advertised_url(tmp_path: Path) -> None:
     assert done.stderr.startswith("ffdl: invalid settings: advertise_url: ")
     assert "http(s)://" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_ffdl_up_api_only_on_sqlite_exits_with_the_reason_and_makes_nothing(
+    tmp_path: Path,
+) -> None:
+    done = _run("ffdl.cli.main", "up", "--api-only", "--port", "1", home=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.startswith("ffdl: invalid settings: ")
+    assert "run_loops" in done.stderr and "PostgreSQL" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "ffdl" / "ffdl.db").exists()
+
+
+def test_api_only_on_postgresql_is_accepted(tmp_path: Path) -> None:
+    url = "postgresql+psycopg://ffdl@127.0.0.1:5432/ffdl"
+    settings = Settings(home=tmp_path, database_url=url, run_loops=False)
+    assert settings.run_loops is False
+    with pytest.raises(ValidationError, match="run_loops is false"):
+        Settings(home=tmp_path, run_loops=False)

@@ -390,3 +390,32 @@ def test_the_backend_is_closed_when_the_platform_shuts_down(
 
     asyncio.run(run_and_stop())
     assert backend.closed
+
+
+@pytest.mark.parametrize(("posts_per_s", "polled"), [(0.5, False), (0.0, True)])
+def test_the_monitor_leaves_alone_a_learner_quiet_for_less_than_twice_its_pace(
+    tmp_path: Path, backend: TroubledBackend, posts_per_s: float, polled: bool
+) -> None:
+    # Two learners on one replica at 0.5 posts a second: each is asked a gap of 4 s between
+    # posts, so 5 s of quiet is its pace, not trouble; unpaced, it is past two heartbeats.
+    platform = _platform(tmp_path, backend, heartbeat_s=1.0, report_posts_per_s=posts_per_s)
+    for job_id, node in (("training-p1", "node-a"), ("training-p2", "node-b")):
+        make_job(
+            platform.store,
+            job_id,
+            manifest=MANIFEST,
+            placement=[{"learner": 1, "node": node, "gpu_ids": [0]}],
+        )
+        handle = {**_fake_handle(job_id), "node": node}
+        start_learner(
+            platform.store,
+            job_id,
+            node=node,
+            gpu_ids=[0],
+            handle=handle,
+            last_heartbeat=utcnow() - timedelta(seconds=5),
+        )
+        backend.lost[(job_id, 1)] = f"node {node} lost"
+    monitor_pass(platform)
+    statuses = {_job(platform.store, j).status for j in ("training-p1", "training-p2")}
+    assert statuses == ({"FAILED"} if polled else {"PROCESSING"})

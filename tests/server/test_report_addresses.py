@@ -29,3 +29,14 @@ def test_learners_are_spread_over_every_replica_and_fail_over_to_the_rest_in_tur
     assert report_addresses(OWN, OTHERS, "training-7/2") == report_addresses(
         OWN, OTHERS, "training-7/2"
     )
+
+
+def test_replicas_serving_the_api_only_take_the_reports_and_the_others_are_fail_overs() -> None:
+    api_only = OTHERS  # OWN runs the loops
+    orders = [report_addresses(OWN, OTHERS, f"training-{n}/1", api_only) for n in range(300)]
+    firsts = Counter(order[0] for order in orders)
+    assert set(firsts) == set(api_only)
+    assert min(firsts.values()) >= 100  # about 150 each
+    for order in orders:
+        assert sorted(order[:2]) == sorted(api_only)
+        assert order[2] == OWN

@@ -52,6 +52,15 @@ def test_no_pace_is_asked_when_the_setting_is_zero() -> None:
     assert [pace.observe(f"job/{n}/1") for n in range(50)] == [0.0] * 50
 
 
+def test_the_pace_expected_elsewhere_shares_the_learners_among_the_addresses() -> None:
+    pace = ReportPace(posts_per_s=5, longest_s=10, window_s=20)
+    assert pace.expected(30, 2) == 3.0  # 15 learners a replica, 5 posts a second
+    assert pace.expected(31, 2) == 3.2  # the busier replica's
+    assert pace.expected(30, 0) == 6.0  # no replica registered yet: this one
+    assert pace.expected(1000, 2) == 10.0  # capped
+    assert ReportPace(posts_per_s=0, longest_s=10, window_s=20).expected(1000, 1) == 0.0
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     home = tmp_path_factory.mktemp("report-pace") / "home"

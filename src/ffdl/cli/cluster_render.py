@@ -158,7 +158,10 @@ def replicas_table(body: dict[str, Any], width: int) -> Table:
         cells = [name, str(replica.get("url", ""))]
         if width >= WIDE:
             cells.append(str(replica.get("version", "")))
-        cells += ["up" if replica.get("alive") else "gone", short_time(replica.get("seen_at"))]
+        state = "up" if replica.get("alive") else "gone"
+        if replica.get("runs_loops") is False:
+            state += ", API only"
+        cells += [state, short_time(replica.get("seen_at"))]
         table.add_row(*cells)
     table.caption = "* answered this request; the loops each runs are below"
     return table

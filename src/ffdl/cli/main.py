@@ -220,6 +220,15 @@ def up(
             "Default: FFDL_CA_BUNDLE or config.yaml's ca_bundle.",
         ),
     ] = None,
+    api_only: Annotated[
+        bool,
+        typer.Option(
+            "--api-only",
+            help="Serve the API only and run none of the background loops (scheduler, "
+            "LCM, ...): other replicas on the same PostgreSQL database run them. "
+            "Default: FFDL_RUN_LOOPS or config.yaml's run_loops.",
+        ),
+    ] = False,
 ) -> None:
     """Start the ffdl platform (API server, scheduler, dashboard) in the foreground."""
     # The server stack is heavy; only `up` pays for importing it.
@@ -238,6 +247,7 @@ def up(
         tls_cert=tls_cert,
         tls_key=tls_key,
         ca_bundle=ca_bundle,
+        api_only=api_only,
     )
 
 

@@ -111,6 +111,7 @@ def build_platform(settings: Settings, backend: Backend | None = None) -> Platfo
             hang_s=settings.loop_hang_s,
             # Spread only where wake-ups reach every replica (``_start_relay``).
             spread=settings.spread_loops and store.dialect == "postgresql",
+            runs_loops=settings.run_loops,
         ),
     )
 
@@ -175,9 +176,10 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
             asyncio.create_task(
                 run_forever(name, step, interval, platform.wakeups, min_gap, keeper), name=name
             )
-            for name, step, interval, min_gap in loops
+            for name, step, interval, min_gap in (loops if settings.run_loops else [])
         ]
-        tasks.append(asyncio.create_task(WebhookLoop(platform).run(keeper), name="webhooks"))
+        if settings.run_loops:
+            tasks.append(asyncio.create_task(WebhookLoop(platform).run(keeper), name="webhooks"))
         if keeper is not None:
             tasks.append(asyncio.create_task(keep_leases(keeper, platform), name="leases"))
         try:

@@ -35,6 +35,12 @@ some replica could not reach the database.
   :data:`SPREAD_GRACE_ROUNDS` rounds is taken by whoever sees it. Replicas on SQLite keep
   every loop in one process, since their wake-ups do not cross processes.
 
+- **Serving the API only.** A replica started with ``run_loops: false`` registers (its
+  address reaches the learners, ``ffdl status`` lists it) but takes no lease, and the
+  others leave it out of their share. The loops then run in processes that serve little or
+  no API traffic, so a scheduling pass does not wait for the interpreter behind requests
+  (the pass's thread and the event loop share one interpreter lock).
+
 A database that goes away stops every renewal: the leases lapse on each replica's clock
 (its loops stop), and when the database returns the first replica to tick takes them,
 with new tokens, as after any expiry.
@@ -105,6 +111,11 @@ def set_fence(fence: Fence | None) -> contextvars.Token[Fence | None]:
 
 def reset_fence(token: contextvars.Token[Fence | None]) -> None:
     _FENCE.reset(token)
+
+
+def current_fence() -> Fence | None:
+    """The fence the writes made in this context commit under, if any."""
+    return _FENCE.get()
 
 
 def check_fence(session: Session) -> None:
@@ -189,6 +200,7 @@ class LeaseKeeper:
         hang_s: float,
         names: tuple[str, ...] = LOOPS,
         spread: bool = False,
+        runs_loops: bool = True,
     ) -> None:
         self.store = store
         self.replica_id = replica_id
@@ -196,7 +208,9 @@ class LeaseKeeper:
         self.version = version
         self.ttl = timedelta(seconds=ttl_s)
         self.hang = timedelta(seconds=hang_s)
-        self.names = names
+        # A replica that serves the API only registers and takes no lease, ever.
+        self.runs_loops = runs_loops
+        self.names = names if runs_loops else ()
         self.spread = spread
         self.started_at = utcnow()
         self._held: dict[str, Held] = {}
@@ -246,7 +260,7 @@ class LeaseKeeper:
         handed: str | None = None
         with self.store.write() as session:
             self._register(session, now)
-            share = self._share(session, now) if self.spread else None
+            share = self._share(session, now) if self.spread and self.names else None
             for name in self.names:
                 if self._hung(name, now):
                     self._let_go(name, f"its {name} pass has run since {self._busy_since[name]}")
@@ -305,12 +319,14 @@ class LeaseKeeper:
 
         A replica is live here while it was seen within one ``lease_ttl_s``: one that
         stopped ticking drops out when its leases run out, so the survivors' share grows
-        as those leases come free.
+        as those leases come free. Replicas that serve the API only do not count.
         """
         live = set(
             session.scalars(
                 select(Replica.id).where(
-                    Replica.stopped_at.is_(None), Replica.seen_at >= now - self.ttl
+                    Replica.stopped_at.is_(None),
+                    Replica.seen_at >= now - self.ttl,
+                    Replica.runs_loops.is_(True),
                 )
             )
         )
@@ -446,6 +462,7 @@ class LeaseKeeper:
                 version=self.version,
                 started_at=self.started_at,
                 seen_at=now,
+                runs_loops=self.runs_loops,
             )
             session.add(replica)
         else:
@@ -468,6 +485,7 @@ def describe(session: Session, *, now: datetime, alive_within: timedelta) -> dic
                 "started_at": r.started_at.isoformat() + "Z",
                 "seen_at": r.seen_at.isoformat() + "Z",
                 "alive": r.stopped_at is None and now - r.seen_at <= alive_within,
+                "runs_loops": r.runs_loops,
                 "leads": sorted(
                     lease.name
                     for lease in leases
@@ -490,13 +508,17 @@ def describe(session: Session, *, now: datetime, alive_within: timedelta) -> dic
     }
 
 
-def live_replica_urls(session: Session, *, now: datetime, alive_within: timedelta) -> list[str]:
-    """The addresses of the replicas seen lately, oldest first (learners fail over to them)."""
-    rows = session.scalars(
-        select(Replica.url)
-        .where(Replica.stopped_at.is_(None), Replica.seen_at >= now - alive_within)
-        .order_by(Replica.started_at)
-    ).all()
+def live_replica_urls(
+    session: Session, *, now: datetime, alive_within: timedelta, api_only: bool = False
+) -> list[str]:
+    """The addresses of the replicas seen lately, oldest first (learners fail over to them);
+    with ``api_only``, of those among them that serve the API only."""
+    query = select(Replica.url).where(
+        Replica.stopped_at.is_(None), Replica.seen_at >= now - alive_within
+    )
+    if api_only:
+        query = query.where(Replica.runs_loops.is_(False))
+    rows = session.scalars(query.order_by(Replica.started_at)).all()
     return list(dict.fromkeys(rows))
 
 

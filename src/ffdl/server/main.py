@@ -46,6 +46,7 @@ def serve(
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
     ca_bundle: Path | None = None,
+    api_only: bool = False,
 ) -> None:
     """Serve the platform until stopped: one process, or with ``workers`` ("MIN..MAX", or
     from the settings) an elastic pool of worker processes (``ffdl.server.pool``)."""
@@ -63,6 +64,7 @@ def serve(
             tls_cert=tls_cert,
             tls_key=tls_key,
             ca_bundle=ca_bundle,
+            run_loops=False if api_only else None,
         )
         # Built here once to report a bad configuration before anything starts.
         settings.backend_config()
@@ -170,6 +172,7 @@ def _main() -> None:
     parser.add_argument("--tls-cert", type=Path, default=None, metavar="FILE")
     parser.add_argument("--tls-key", type=Path, default=None, metavar="FILE")
     parser.add_argument("--ca-bundle", type=Path, default=None, metavar="FILE")
+    parser.add_argument("--api-only", action="store_true")
     args = parser.parse_args()
     serve(
         args.home,
@@ -183,6 +186,7 @@ def _main() -> None:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         ca_bundle=args.ca_bundle,
+        api_only=args.api_only,
     )
 
 

@@ -19,6 +19,7 @@ nearly all of the replica's learners, and ``posts_per_s`` is in effect the repli
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +56,12 @@ class ReportPace:
             if now - self._pruned_at >= PRUNE_EVERY_S:
                 self._prune(now)
             return self._pace(len(self._last_post))
+
+    def expected(self, learners: int, addresses: int) -> float:
+        """The pace a replica asks when ``learners`` report to ``addresses`` replica
+        addresses, spread evenly (``loops/lcm.report_addresses``): what the job monitor
+        allows a learner between two posts, wherever it reports."""
+        return self._pace(math.ceil(learners / max(1, addresses)))
 
     @property
     def learners(self) -> int:

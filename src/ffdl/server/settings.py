@@ -102,6 +102,10 @@ class Settings(BaseSettings):
     # Replicas on PostgreSQL divide the loops among themselves (``ffdl.server.leases``);
     # false keeps every loop in the first replica up, taken over whole on its failure.
     spread_loops: bool = True
+    # False: this replica serves the API only and never runs a background loop; replicas
+    # with it on run them (``ffdl up --api-only``). PostgreSQL only, whose notifications
+    # carry a submission's wake-up to the replica that schedules it.
+    run_loops: bool = True
     # GPU use, measured (``ffdl.learner.gpu_sampler``, ``services/gpu_samples.py``): each
     # learner's GPUs are sampled through NVML every ``gpu_sample_s`` (0: never), loading
     # ``nvml_library`` first when set. A job's series keeps ``gpu_samples_kept`` rows per
@@ -313,6 +317,16 @@ class Settings(BaseSettings):
             raise ValueError("tls_cert is set but tls_key is not: HTTPS needs both")
         if self.tls_key is not None and self.tls_cert is None:
             raise ValueError("tls_key is set but tls_cert is not: HTTPS needs both")
+        return self
+
+    @model_validator(mode="after")
+    def _api_only_on_postgresql(self) -> Settings:
+        if not self.run_loops and not self.db_url.startswith("postgresql"):
+            raise ValueError(
+                "run_loops is false but database_url is not PostgreSQL: a replica that "
+                "serves the API only needs replicas that run the loops on a shared "
+                "PostgreSQL database"
+            )
         return self
 
     @field_validator("gpu_speeds")

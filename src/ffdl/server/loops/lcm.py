@@ -409,7 +409,7 @@ def build_spec(
         programs=runtime_programs(runtime),
     )
     env.update(pip_settings(runtime, sandbox))
-    others = _other_replicas(platform)
+    others, api_only = _other_replicas(platform)
     return LearnerSpec(
         training_id=job_id,
         learner=learner,
@@ -419,7 +419,9 @@ def build_spec(
         # ``report_urls`` is what this version's controllers use; ``fallback_urls`` keeps
         # fail-over for a controller of an older version reading the same spec.
         fallback_urls=others,
-        report_urls=report_addresses(settings.learner_api_url, others, f"{job_id}/{learner}"),
+        report_urls=report_addresses(
+            settings.learner_api_url, others, f"{job_id}/{learner}", api_only
+        ),
         ca_pem=learner_ca_pem(settings),
         job_token=platform.job_tokens.issue(job_id),
         command=manifest.framework.command,
@@ -448,26 +450,35 @@ def build_spec(
     )
 
 
-def report_addresses(own: str, others: list[str], learner_key: str) -> list[str]:
+def report_addresses(
+    own: str, others: list[str], learner_key: str, api_only: list[str] | None = None
+) -> list[str]:
     """Where a learner reports, in order: first the replica it is given by a stable hash
     of ``learner_key`` over every live replica, then the others, in turn (its fail-overs).
 
     Spread so that the replicas share the learners' reports: a replica that deployed every
     learner it would otherwise take every report, while the others stood by. Where the
     replicas advertise one address (a load balancer before them) there is nothing to spread.
+    Where some replicas serve the API only (``api_only``), the hash spreads the learners
+    over those, and the replicas that run the loops come last, as fail-overs only: the
+    loops' processes are kept free of reports.
     """
-    urls = list(dict.fromkeys([own, *others]))
-    first = zlib.crc32(learner_key.encode()) % len(urls)
-    return urls[first:] + urls[:first]
+    everyone = list(dict.fromkeys([own, *others]))
+    first_choices = list(dict.fromkeys(api_only or [])) or everyone
+    first = zlib.crc32(learner_key.encode()) % len(first_choices)
+    turn = first_choices[first:] + first_choices[:first]
+    return list(dict.fromkeys([*turn, *everyone]))
 
 
-def _other_replicas(platform: Platform) -> list[str]:
-    """The other live replicas' addresses (besides this replica's own)."""
+def _other_replicas(platform: Platform) -> tuple[list[str], list[str]]:
+    """The other live replicas' addresses (besides this replica's own), and those of them
+    that serve the API only."""
     own = platform.settings.learner_api_url
     alive = timedelta(seconds=3 * platform.settings.lease_ttl_s)
     with platform.store.read() as session:
         urls = live_replica_urls(session, now=utcnow(), alive_within=alive)
-    return [url for url in urls if url != own]
+        api_only = live_replica_urls(session, now=utcnow(), alive_within=alive, api_only=True)
+    return [url for url in urls if url != own], [url for url in api_only if url != own]
 
 
 def _learner(session: Session, job_id: str, index: int, attempt: int) -> Learner | None:

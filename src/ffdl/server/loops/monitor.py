@@ -1,6 +1,7 @@
 """The job monitor: notices silent controllers and stops the leftovers of finished jobs.
 
-A learner whose controller has been quiet for a few heartbeats is polled on the backend:
+A learner whose controller has been quiet for two heartbeats, or for two of the gaps the
+replicas ask between its posts when the learners are paced, is polled on the backend:
 a controller that exited leaves its final result, which is applied as if reported; one
 that vanished fails the learner (and so the job) with S201; one that runs but stays silent
 past the heartbeat timeout is killed and failed. A controller that has not reported once
@@ -45,6 +46,7 @@ from ffdl.core.status import (
     JobStatus,
     LearnerStatus,
 )
+from ffdl.server.leases import live_replica_urls
 from ffdl.server.platform import Platform
 from ffdl.server.services.aggregate import aggregate_job
 from ffdl.server.services.history import record_cluster_sample
@@ -87,9 +89,22 @@ def heard_since(platform: Platform, session: Session) -> datetime:
     return max(moments)
 
 
-def monitor_pass(platform: Platform) -> None:
+def quiet_after(platform: Platform, session: Session, learners: int, now: datetime) -> timedelta:
+    """How long a learner may go without a post before the monitor polls it: two of its
+    heartbeats, or two of the gaps the replicas ask between its posts
+    (``ffdl.server.report_pace``) when that is longer. Polling every learner a pace
+    holds back would cost a backend call per learner per pass, for nothing."""
     settings = platform.settings
-    quiet_after = timedelta(seconds=max(2 * settings.heartbeat_s, 1.0))
+    alive = timedelta(seconds=3 * settings.lease_ttl_s)
+    addresses = len(
+        live_replica_urls(session, now=now, alive_within=alive, api_only=True)
+        or live_replica_urls(session, now=now, alive_within=alive)
+    )
+    pace = platform.report_pace.expected(learners, addresses)
+    return timedelta(seconds=max(2 * settings.heartbeat_s, 2 * pace, 1.0))
+
+
+def monitor_pass(platform: Platform) -> None:
     now = utcnow()
     live = [s.value for s in LearnerStatus if s not in TERMINAL_LEARNER_STATES]
     watches: list[_Watch] = []
@@ -100,12 +115,13 @@ def monitor_pass(platform: Platform) -> None:
             .join(Job, Job.id == Learner.job_id)
             .where(Learner.status.in_(live))
         ).all()
+        quiet = quiet_after(platform, session, len(rows), now)
         for learner, job_status, job_attempt in rows:
             status = JobStatus(job_status)
             # A job that holds nothing (QUEUED to restart, HALTED) has no attempt running.
             ended = status not in HOLDING_JOB_STATES or learner.attempt != job_attempt
             last = max(learner.last_heartbeat or learner.updated_at, since)
-            if ended or now - last > quiet_after:
+            if ended or now - last > quiet:
                 watches.append(
                     _Watch(
                         learner.job_id,

@@ -6,15 +6,21 @@ a pass that outlives the lease are refused.
 
 A pass that meets the database away (``Unavailable``) just ends: the store has logged the
 outage once, and the next pass tries again; there is no traceback per pass.
+
+Each loop runs its passes on a thread of its own, not on the event loop's shared pool of
+worker threads: with every loop of the platform in one process, and requests' waits on that
+pool too, a scheduling pass would otherwise queue for a thread behind the others' work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from ffdl.core.errors import LeaseLost, Unavailable
 from ffdl.server.leases import LeaseKeeper, reset_fence, set_fence
@@ -41,17 +47,28 @@ async def run_forever(
     takes the lease).
     """
     event = wakeups.event(name)
-    while True:
-        if min_gap_s > 0:
-            await asyncio.sleep(min_gap_s)
-        event.clear()
-        await run_pass(name, step, keeper)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout=interval_s)
+    thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ffdl-{name}")
+    try:
+        while True:
+            if min_gap_s > 0:
+                await asyncio.sleep(min_gap_s)
+            event.clear()
+            await run_pass(name, step, keeper, thread)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=interval_s)
+    finally:
+        # A pass still running finishes on its own; nothing waits for it here.
+        thread.shutdown(wait=False)
 
 
-async def run_pass(name: str, step: Callable[[], object], keeper: LeaseKeeper | None) -> None:
-    """One pass of loop ``name`` in a worker thread, under its lease's fence if it has one."""
+async def run_pass(
+    name: str,
+    step: Callable[[], object],
+    keeper: LeaseKeeper | None,
+    thread: ThreadPoolExecutor | None = None,
+) -> None:
+    """One pass of loop ``name`` in a worker thread (``thread``, or the event loop's shared
+    pool), under its lease's fence if it has one."""
     fence = None
     if keeper is not None:
         fence = keeper.fence(name)
@@ -62,7 +79,8 @@ async def run_pass(name: str, step: Callable[[], object], keeper: LeaseKeeper | 
     token = set_fence(fence)
     started = time.perf_counter()
     try:
-        await asyncio.to_thread(step)
+        context = contextvars.copy_context()
+        await asyncio.get_running_loop().run_in_executor(thread, context.run, step)
     except asyncio.CancelledError:
         raise
     except LeaseLost as exc:

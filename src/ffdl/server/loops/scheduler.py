@@ -33,7 +33,7 @@ from ffdl.server.platform import Platform
 from ffdl.server.services.nodes import effective_nodes
 from ffdl.server.services.snapshots import RUNNING_COLUMNS, RunningJobs, queued_job
 from ffdl.server.store.models import Job, Tenant
-from ffdl.server.store.transitions import set_job_status
+from ffdl.server.store.transitions import lock_jobs, set_job_status
 
 # Set on a job that the scheduler halted to make room; the LCM requeues it once HALTED.
 PREEMPTED = "preempt"
@@ -138,9 +138,7 @@ class SchedulerLoop:
         with self._platform.store.write() as session, session.no_autoflush:
             # One read (and row lock) for every job started, and one flush at the commit:
             # a pass that starts hundreds of jobs on a large cluster stays one round trip.
-            ids = [start.job_id for start in decisions.starts]
-            locked = select(Job).where(Job.id.in_(ids)).with_for_update()
-            started = {job.id: job for job in session.scalars(locked)} if ids else {}
+            started = lock_jobs(session, [start.job_id for start in decisions.starts])
             for start in decisions.starts:
                 job = started.get(start.job_id)
                 if job is None or job.status != JobStatus.QUEUED.value:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -377,3 +377,6 @@ class Replica(Base):
     # When this replica last saw the database come back after an outage: the job monitor
     # counts no learner's silence from before it (``loops/monitor.py``).
     database_returned_at: Mapped[datetime | None] = mapped_column(default=None)
+    # False for a replica that serves the API only (``run_loops: false``): it never leads a
+    # loop, and the loops' replicas do not count it when they divide the loops.
+    runs_loops: Mapped[bool] = mapped_column(default=True, server_default=true())

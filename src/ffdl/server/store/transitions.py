@@ -9,11 +9,14 @@ Compare-and-set: before changing a status the gate re-reads it from the database
 row locked (``SELECT ... FOR UPDATE``; SQLite's write transactions lock the whole file) and
 refuses with ``StatusChanged`` when it differs from the status the caller decided on. Two
 replicas, or a request and a loop, can therefore never both move a job from the same status
-(both deploy it, both preempt it): the second one's transaction rolls back.
+(both deploy it, both preempt it): the second one's transaction rolls back. Jobs read and
+locked together by ``lock_jobs`` are not read again: locked since, their statuses are the
+stored ones until the transaction ends.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime
 
 from sqlalchemy import bindparam, select
@@ -165,6 +168,31 @@ _JOB_STATUS = select(Job.status).where(Job.id == bindparam("row_id")).with_for_u
 _LEARNER_STATUS = select(Learner.status).where(Learner.id == bindparam("row_id")).with_for_update()
 
 
+# ``session.info`` key: the ids of the jobs ``lock_jobs`` read and locked in the session's
+# transaction (a write session is one transaction, ``Store.write``).
+_LOCKED_JOBS = "ffdl_locked_jobs"
+
+
+def lock_jobs(session: Session, job_ids: Collection[str]) -> dict[str, Job]:
+    """Read and lock the jobs ``job_ids`` (those that exist) in one statement, by id.
+
+    The status gate then changes their statuses without reading each again, so a loop pass
+    that starts hundreds of jobs costs one round trip for them, not one per job.
+    """
+    if not job_ids:
+        return {}
+    locked = (
+        select(Job)
+        .where(Job.id.in_(job_ids))
+        .with_for_update()
+        # Fresh from the locked rows even when the session had read a job before.
+        .execution_options(populate_existing=True)
+    )
+    jobs = {job.id: job for job in session.scalars(locked)}
+    session.info.setdefault(_LOCKED_JOBS, set()).update(jobs)
+    return jobs
+
+
 def lock_job(session: Session, job_id: str) -> None:
     """Lock a job's row until the transaction ends. A transaction that writes a job's
     learners takes their job's row first, as the status gate and the report path do: with
@@ -177,6 +205,8 @@ def _compare_and_lock(session: Session, row: Job | Learner, what: str) -> None:
     """Lock ``row`` and check that its stored status is still the one it was read with."""
     if row in session.new or row.id is None:
         return  # created in this transaction: nobody else can have moved it
+    if isinstance(row, Job) and row.id in session.info.get(_LOCKED_JOBS, ()):
+        return  # read with its lock in this transaction (``lock_jobs``)
     if isinstance(row, Learner):
         # The job's row first, as for every write of a job's records: its events then get
         # their ids in commit order, and the lock order (job, then learner) is the same
