@@ -12,8 +12,14 @@ test double backend, which only lists them. Printed: the pass's p50 and p99 and 
 part's, in milliseconds. As a replica does after start-up, the set-up's objects are frozen
 out of the garbage collector's walks before the passes (``--no-freeze``: they are not).
 
+``--beside-requests F`` runs the passes beside a thread that keeps the interpreter busy a
+fraction F of each 10 ms, as the event loop of a replica serving requests does: the pass's
+thread waits for the interpreter lock behind it, at every database call. Compare with F = 0,
+the pass in a replica that serves the API to nobody (``run_loops`` on one replica,
+``--api-only`` on the others).
+
 Run: ``python benchmarks/bench_scheduler_pass.py [--passes 40] [--database postgresql]
-[--no-freeze]``.
+[--no-freeze] [--beside-requests 0.5]``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,6 +104,15 @@ def _timed(samples: list[float], call: Callable[..., T]) -> Callable[..., T]:
     return timed
 
 
+def keep_busy(duty: float, stop: threading.Event) -> None:
+    """Hold the interpreter ``duty`` of every 10 ms with pure Python, as request handling does."""
+    while not stop.is_set():
+        until = time.perf_counter() + 0.010 * duty
+        while time.perf_counter() < until:
+            sum(range(200))
+        time.sleep(0.010 * (1 - duty))
+
+
 def _p50_p99(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.99 * len(ordered)))]
@@ -111,9 +127,18 @@ def main() -> dict[str, float]:
         action="store_true",
         help="leave the set-up's objects to the garbage collector (a replica freezes them)",
     )
+    parser.add_argument(
+        "--beside-requests",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="a thread keeps the interpreter busy this fraction of the time (0 to 0.95)",
+    )
     args, _ = parser.parse_known_args()
     if args.passes < 1:
         parser.error("--passes must be at least 1")
+    if not 0 <= args.beside_requests <= 0.95:
+        parser.error("--beside-requests must be between 0 and 0.95")
 
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -147,12 +172,19 @@ def main() -> dict[str, float]:
         scheduler_loop.schedule = _timed(parts["decide"], scheduler_loop.schedule)
         rng = random.Random(5)
         passes: list[float] = []
-        for index in range(args.passes + 1):
-            submit(store, rng, index * ARRIVALS)
-            start = time.perf_counter()
-            loop()
-            if index:  # the first pass warms caches and the database's pages
-                passes.append((time.perf_counter() - start) * 1000.0)
+        stop = threading.Event()
+        if args.beside_requests > 0:
+            busy = threading.Thread(target=keep_busy, args=(args.beside_requests, stop))
+            busy.start()
+        try:
+            for index in range(args.passes + 1):
+                submit(store, rng, index * ARRIVALS)
+                start = time.perf_counter()
+                loop()
+                if index:  # the first pass warms caches and the database's pages
+                    passes.append((time.perf_counter() - start) * 1000.0)
+        finally:
+            stop.set()
         for samples in parts.values():
             del samples[0]
         with store.read() as session:
@@ -160,7 +192,12 @@ def main() -> dict[str, float]:
         store.dispose()
 
     results: dict[str, float] = {}
-    print(f"{NODES:,} nodes, {RUNNING:,} running, {ARRIVALS} submitted before each pass")
+    beside = (
+        f", beside a thread busy {args.beside_requests:.0%} of the time"
+        if args.beside_requests
+        else ""
+    )
+    print(f"{NODES:,} nodes, {RUNNING:,} running, {ARRIVALS} submitted before each pass{beside}")
     print(f"{'':<10}{'p50 ms':>9}{'p99 ms':>9}")
     for name, samples in [("pass", passes), *parts.items()]:
         p50, p99 = _p50_p99(samples)

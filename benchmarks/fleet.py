@@ -4,12 +4,13 @@
 8 GPUs), ``--stored`` (finished jobs already in the database) and ``--setups``
 (``sqlite:1``, ``postgres:1``, ``postgres:3``: store and replicas), the real platform with
 the ``simulated`` backend: a load-testing harness process (``ffdl.loadtest.harness``) plays
-every learner on the wire. Jobs arrive with the gaps of the Philly trace (``data/``,
-scaled to keep ``--learners`` learners running; ``--arrivals poisson``: steady gaps of
-the same mean), their sizes from the trace, across four
-tenants and three priorities, one in five elastic. Replicas on PostgreSQL divide the loops
-among themselves (``--loops together`` keeps them in one, to compare). After a ramp of one
-job length it measures for ``--window`` seconds and prints one row per run:
+every learner on the wire. Jobs arrive with the gaps of the Philly trace (``data/``, scaled
+to keep ``--learners`` learners running; ``--arrivals poisson``: steady gaps of the same
+mean), their sizes from the trace, across four tenants and three priorities, one in five
+elastic. Replicas on PostgreSQL divide the loops among themselves (``--loops together``
+keeps them in one, to compare; ``--loops apart`` starts one more replica that runs every
+loop and is given no traffic, the others serving the API only). After a ramp of one job
+length it measures for ``--window`` seconds and prints one row per run:
 
 - submit → PROCESSING p50/p99 (from the jobs' own events), and where it went: queued
   (submit → PENDING), deploy (PENDING → the last learner launched) and report (that launch
@@ -236,7 +237,9 @@ class Fleet:
                 )
                 for n, port in enumerate(harness_ports)
             ]
+        # Those the clients and learners are given; with the one running the loops apart.
         replicas: list[LiveServer] = []
+        everyone: list[LiveServer] = []
         result = Run(setup, self.nodes, self.stored)
         try:
             with pinned(args.platform_cpus, platform=True):
@@ -246,17 +249,25 @@ class Fleet:
                 else:
                     database_url = f"sqlite:///{home / 'ffdl.db'}"
                 config = self._config(database_url, harness_urls)
+                if args.loops == "apart":
+                    # First, so that its start makes the schema and the administrator.
+                    everyone.append(
+                        LiveServer(home=home, config=dict(config), log_name="loops.log")
+                    )
+                    everyone[0].start()
+                    config["run_loops"] = False
                 for n in range(setup.replicas):
                     replica = LiveServer(home=home, config=dict(config), log_name=f"r{n}.log")
                     replica.start()
                     replicas.append(replica)
+                    everyone.append(replica)
             # After the first start, which made the schema, the tenant and the administrator.
             progress(f"{setup.replicas} replicas up; storing {self.stored} finished jobs")
             seed_finished_jobs(database_url, self.stored)
             tokens = self._tenants(replicas[0])
             with pinned(args.platform_cpus, platform=False):
                 result.figures = self._load(
-                    replicas, tokens, harness_urls, harnesses, database_url, home
+                    replicas, everyone, tokens, harness_urls, harnesses, database_url, home
                 )
             result.lost = self._lost(database_url)
         finally:
@@ -267,7 +278,7 @@ class Fleet:
                 harness.terminate()
             for harness in harnesses:
                 harness.wait(timeout=30)
-            for replica in replicas:
+            for replica in everyone:
                 replica.stop()
             if postgres is not None:
                 postgres.stop()
@@ -408,6 +419,7 @@ class Fleet:
     def _load(
         self,
         replicas: list[LiveServer],
+        everyone: list[LiveServer],
         tokens: list[str],
         harness_urls: list[str],
         harnesses: list[subprocess.Popen[bytes]],
@@ -433,12 +445,12 @@ class Fleet:
         for thread in threads:
             thread.start()
         admin = replicas[0].client
-        pids = [r.proc.pid for r in replicas if r.proc is not None]
+        pids = [r.proc.pid for r in everyone if r.proc is not None]
         progress(f"ramp of {args.duration:g} s: jobs arriving at {rate:.1f}/s")
         time.sleep(args.duration)  # the ramp: the cluster fills up to its steady state
         before_stats = harness_stats(harness_urls)
         before_harness_cpu = sum(process_cpu_s(h.pid) for h in harnesses)
-        before = scrape_histograms(replicas)
+        before = scrape_histograms(everyone)
         before_each = [process_cpu_s(pid) for pid in pids]
         before_cpu = sum(before_each)
         before_db = database_bytes(database_url, home)
@@ -453,7 +465,7 @@ class Fleet:
         elapsed = time.monotonic() - started
         after_stats = harness_stats(harness_urls)
         after_harness_cpu = sum(process_cpu_s(h.pid) for h in harnesses)
-        after = scrape_histograms(replicas)
+        after = scrape_histograms(everyone)
         after_each = [process_cpu_s(pid) for pid in pids]
         after_cpu = sum(after_each)
         after_db = database_bytes(database_url, home)
@@ -672,9 +684,9 @@ def print_runs(runs: list[Run]) -> None:
 
 
 def keep_logs(tmp: Path, into: Path) -> None:
-    """Copy a run's replica logs and the harness's log before its directory goes."""
+    """Copy a run's replica logs (with the loops' replica's) and the harness's log."""
     into.mkdir(parents=True, exist_ok=True)
-    for log in [*sorted((tmp / "home").glob("r*.log")), *sorted(tmp.glob("harness*.log"))]:
+    for log in [*sorted((tmp / "home").glob("*.log")), *sorted(tmp.glob("harness*.log"))]:
         if log.exists():
             shutil.copy(log, into / log.name)
     print(f"logs kept in {into}", flush=True)
@@ -705,9 +717,10 @@ def main() -> dict[str, float]:
     )
     parser.add_argument(
         "--loops",
-        choices=("spread", "together"),
+        choices=("spread", "together", "apart"),
         default="spread",
-        help="replicas on PostgreSQL divide the loops (spread) or one runs them all (together)",
+        help="replicas on PostgreSQL divide the loops (spread), one runs them all (together), "
+        "or one more runs them all and the setup's replicas serve the API only (apart)",
     )
     parser.add_argument(
         "--arrivals",
@@ -737,6 +750,8 @@ def main() -> dict[str, float]:
     for setup in setups:
         if setup.store not in ("sqlite", "postgres") or setup.replicas < 1:
             parser.error(f"--setups: unknown store or replica count in {setup}")
+    if args.loops == "apart" and any(setup.store != "postgres" for setup in setups):
+        parser.error("--loops apart needs PostgreSQL setups (API-only replicas need it)")
     if args.records_at_once < 1:
         parser.error("--records-at-once must be at least 1")
     if args.report_posts_per_s < 0:
