@@ -58,13 +58,18 @@ def test_a_submission_to_a_replica_that_leads_nothing_starts_at_once(
     # The first replica took every loop when it started alone; the second leads none.
     wait_for(one_leader, timeout=30, what="the first replica to lead every loop")
 
+    submit_and_see_it_run_through(second)
+
+
+def submit_and_see_it_run_through(replica: LiveServer) -> None:
+    """A job submitted to ``replica`` starts long before any loop's interval could start it,
+    and its end, reported to whichever replica, reaches the leader's loops too."""
     manifest, files = steps_job(3, pause=0.05)
     submitted = time.monotonic()
-    job_id = second.submit_ok(manifest, files)
-    second.wait_status(job_id, {"PROCESSING", "COMPLETED"}, timeout=IN_TIME_S)
+    job_id = replica.submit_ok(manifest, files)
+    replica.wait_status(job_id, {"PROCESSING", "COMPLETED"}, timeout=IN_TIME_S)
     assert time.monotonic() - submitted < IN_TIME_S < SLOW_LOOPS["scheduler_interval_s"]
-    # The job's end, reported to whichever replica, reaches the leader's loops too.
-    second.wait_status(job_id, {"COMPLETED"}, timeout=IN_TIME_S)
+    replica.wait_status(job_id, {"COMPLETED"}, timeout=IN_TIME_S)
 
 
 @pytest.fixture
@@ -120,12 +125,7 @@ def test_a_replica_serving_the_api_only_leads_nothing_yet_its_jobs_start_at_once
     pids = {r["id"]: r["pid"] for r in view["replicas"]}
     assert {pids.get(lease["holder"]) for lease in view["leases"]} == {loops.proc.pid}
 
-    manifest, files = steps_job(3, pause=0.05)
-    submitted = time.monotonic()
-    job_id = api.submit_ok(manifest, files)
-    api.wait_status(job_id, {"PROCESSING", "COMPLETED"}, timeout=IN_TIME_S)
-    assert time.monotonic() - submitted < IN_TIME_S < SLOW_LOOPS["scheduler_interval_s"]
-    api.wait_status(job_id, {"COMPLETED"}, timeout=IN_TIME_S)
+    submit_and_see_it_run_through(api)
     # The learner reported to the replica that serves the API only, not to the loops'.
     assert report_posts(api) > 0
     assert report_posts(loops) == 0

@@ -509,17 +509,18 @@ def describe(session: Session, *, now: datetime, alive_within: timedelta) -> dic
 
 
 def live_replica_urls(
-    session: Session, *, now: datetime, alive_within: timedelta, api_only: bool = False
-) -> list[str]:
-    """The addresses of the replicas seen lately, oldest first (learners fail over to them);
-    with ``api_only``, of those among them that serve the API only."""
-    query = select(Replica.url).where(
-        Replica.stopped_at.is_(None), Replica.seen_at >= now - alive_within
-    )
-    if api_only:
-        query = query.where(Replica.runs_loops.is_(False))
-    rows = session.scalars(query.order_by(Replica.started_at)).all()
-    return list(dict.fromkeys(rows))
+    session: Session, *, now: datetime, alive_within: timedelta
+) -> tuple[list[str], list[str]]:
+    """The addresses of the replicas seen lately, oldest first (learners fail over to them),
+    and those of them that serve the API only; one query."""
+    rows = session.execute(
+        select(Replica.url, Replica.runs_loops)
+        .where(Replica.stopped_at.is_(None), Replica.seen_at >= now - alive_within)
+        .order_by(Replica.started_at)
+    ).all()
+    every = list(dict.fromkeys(url for url, _ in rows))
+    api_only = list(dict.fromkeys(url for url, runs_loops in rows if not runs_loops))
+    return every, api_only
 
 
 def ensure_fence_held(store: Store) -> None:

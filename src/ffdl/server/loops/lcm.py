@@ -476,8 +476,7 @@ def _other_replicas(platform: Platform) -> tuple[list[str], list[str]]:
     own = platform.settings.learner_api_url
     alive = timedelta(seconds=3 * platform.settings.lease_ttl_s)
     with platform.store.read() as session:
-        urls = live_replica_urls(session, now=utcnow(), alive_within=alive)
-        api_only = live_replica_urls(session, now=utcnow(), alive_within=alive, api_only=True)
+        urls, api_only = live_replica_urls(session, now=utcnow(), alive_within=alive)
     return [url for url in urls if url != own], [url for url in api_only if url != own]
 
 

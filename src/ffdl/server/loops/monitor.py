@@ -96,11 +96,8 @@ def quiet_after(platform: Platform, session: Session, learners: int, now: dateti
     holds back would cost a backend call per learner per pass, for nothing."""
     settings = platform.settings
     alive = timedelta(seconds=3 * settings.lease_ttl_s)
-    addresses = len(
-        live_replica_urls(session, now=now, alive_within=alive, api_only=True)
-        or live_replica_urls(session, now=now, alive_within=alive)
-    )
-    pace = platform.report_pace.expected(learners, addresses)
+    every, api_only = live_replica_urls(session, now=now, alive_within=alive)
+    pace = platform.report_pace.expected(learners, len(api_only or every))
     return timedelta(seconds=max(2 * settings.heartbeat_s, 2 * pace, 1.0))
 
 

@@ -62,13 +62,10 @@ async def run_forever(
 
 
 async def run_pass(
-    name: str,
-    step: Callable[[], object],
-    keeper: LeaseKeeper | None,
-    thread: ThreadPoolExecutor | None = None,
+    name: str, step: Callable[[], object], keeper: LeaseKeeper | None, thread: ThreadPoolExecutor
 ) -> None:
-    """One pass of loop ``name`` in a worker thread (``thread``, or the event loop's shared
-    pool), under its lease's fence if it has one."""
+    """One pass of loop ``name`` on its loop's ``thread``, under its lease's fence if it
+    has one."""
     fence = None
     if keeper is not None:
         fence = keeper.fence(name)
