@@ -232,3 +232,78 @@ def test_temp_files_of_live_writers_and_other_hosts_are_left_alone(tmp_path: Pat
         assert temp_files(tmp_path) == sorted([live, other_host])
     finally:
         live_writer.communicate(timeout=30)
+
+
+# Prints a line to its stdout pipe, then saves; the parent decides when the line is read.
+PRINT_THEN_SAVE_SCRIPT = """
+import sys
+from pathlib import Path
+from ffdl.sdk.api import save_checkpoint
+
+print("chaos line 5", flush=True)
+save_checkpoint(b"5", 5, directory=Path(sys.argv[1]), output_wait_s=float(sys.argv[2]))
+"""
+
+
+def start_print_then_save(directory: Path, output_wait_s: float) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", PRINT_THEN_SAVE_SCRIPT, str(directory), str(output_wait_s)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def stays_false(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_checkpoint_appears_only_once_the_lines_printed_before_it_are_read(
+    tmp_path: Path,
+) -> None:
+    # A controller killed with the line still in the pipe would lose it, and a job resumed
+    # from this checkpoint would never print it again.
+    directory = tmp_path / "checkpoints"
+    saver = start_print_then_save(directory, output_wait_s=60)
+    try:
+        wait_for(
+            lambda: bool(temp_files(directory)) or saver.poll() is not None,
+            30,
+            "the state to be written",
+        )
+        assert stays_false(lambda: bool(checkpoint_names(directory)), 1.5), "saved unread"
+        assert saver.poll() is None
+        assert saver.stdout is not None
+        assert saver.stdout.readline() == b"chaos line 5\n"
+        wait_for(lambda: saver.poll() is not None, 30, "the save to finish")
+    finally:
+        if saver.poll() is None:
+            saver.kill()
+        _, stderr = saver.communicate(timeout=30)
+    assert saver.returncode == 0, stderr.decode()
+    assert load_checkpoint(directory) == (5, b"5")
+
+
+def test_a_reader_that_never_reads_delays_a_save_only_until_its_deadline(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    saver = start_print_then_save(directory, output_wait_s=0.3)
+    try:
+        wait_for(lambda: saver.poll() is not None, 30, "the save to give up waiting")
+    finally:
+        if saver.poll() is None:
+            saver.kill()
+        stdout, stderr = saver.communicate(timeout=30)
+    assert saver.returncode == 0, stderr.decode()
+    assert stdout == b"chaos line 5\n"
+    assert load_checkpoint(directory) == (5, b"5")
+
+
+@pytest.mark.parametrize("output_wait_s", [-1, True, "5", float("nan")])
+def test_an_invalid_output_wait_is_rejected(tmp_path: Path, output_wait_s: object) -> None:
+    with pytest.raises(ValueError, match="output_wait_s"):
+        save_checkpoint(b"state", 1, directory=tmp_path, output_wait_s=output_wait_s)  # type: ignore[arg-type]
+    assert checkpoint_names(tmp_path) == []

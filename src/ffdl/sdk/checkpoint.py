@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ffdl.sdk.context import job_directory
+from ffdl.sdk.output_drain import OUTPUT_READ_WAIT_S, wait_until_output_is_read
 
 logger = logging.getLogger(__name__)
 
@@ -119,15 +120,29 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
-def save_checkpoint(state: Any, step: int, *, keep: int = 3, directory: Path | None = None) -> Path:
+def save_checkpoint(
+    state: Any,
+    step: int,
+    *,
+    keep: int = 3,
+    directory: Path | None = None,
+    output_wait_s: float = OUTPUT_READ_WAIT_S,
+) -> Path:
     """Atomically write ``state`` as the checkpoint for ``step``; keep the newest ``keep``.
 
     Saving a step that already has a checkpoint replaces it. Returns the checkpoint's path.
+    Before the checkpoint appears, waits up to ``output_wait_s`` until what the process
+    printed has been read from its stdout and stderr pipes (see ``output_drain``), so that
+    a job resumed from this checkpoint never skips a line its controller did not receive.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(f"keep must be a positive integer, got {keep!r}")
+    if isinstance(output_wait_s, bool) or not isinstance(output_wait_s, int | float):
+        raise ValueError(f"output_wait_s must be a number of seconds, got {output_wait_s!r}")
+    if not output_wait_s >= 0:
+        raise ValueError(f"output_wait_s must be 0 or more, got {output_wait_s!r}")
     target_directory = _directory_or_default(directory)
     target_directory.mkdir(parents=True, exist_ok=True)
     _remove_dead_writers_temp_files(target_directory)
@@ -142,6 +157,7 @@ def save_checkpoint(state: Any, step: int, *, keep: int = 3, directory: Path | N
             _write_state(state, stream)
             stream.flush()
             os.fsync(stream.fileno())
+        wait_until_output_is_read(output_wait_s)
         os.replace(temp_path, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
