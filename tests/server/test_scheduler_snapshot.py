@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from ffdl.backends.fake import FakeBackend
 from ffdl.core.resources import LearnerPlacement, Node, Placement
@@ -89,3 +89,39 @@ def test_running_jobs_are_read_as_the_orm_reads_them_and_kept_only_while_unchang
     assert [job.id for job in third.running] == ["training-a"]
     assert third.running[0].placement.learners[0].gpu_ids == (4, 5)
     assert third.running[0] == _through_the_orm(store)["training-a"]
+
+
+@on_both_databases
+def test_a_pass_writes_its_starts_as_one_batch_whatever_columns_each_changes(
+    tmp_path: Path, database: str
+) -> None:
+    # Two-learner jobs get a master port and single ones none; restarted jobs had a
+    # not_before to clear. Interleaved by id, each change of column set used to cost the
+    # flush another statement (a round trip to the database each).
+    store = make_store(tmp_path, database)
+    later = utcnow() - timedelta(seconds=1)
+    for n in range(8):
+        fields: dict[str, object] = {"learners": 2} if n % 2 else {}
+        if n % 3 == 0:
+            fields["not_before"] = later
+        make_job(store, f"training-{n}", **fields)
+    updates: list[tuple[str, bool]] = []
+
+    def record(
+        _conn: object, _cursor: object, sql: str, _params: object, _ctx: object, many: bool
+    ) -> None:
+        if sql.startswith("UPDATE jobs SET status"):
+            updates.append((sql, many))
+
+    loop = _loop(tmp_path, store)
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        loop()
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    with store.read() as session:
+        jobs = session.scalars(select(Job).order_by(Job.id)).all()
+    assert [job.status for job in jobs] == [JobStatus.PENDING.value] * 8
+    assert [job.master_port is not None for job in jobs] == [n % 2 == 1 for n in range(8)]
+    assert all(job.not_before is None and job.placement for job in jobs)
+    assert len(updates) == 1 and updates[0][1], [sql for sql, _ in updates]

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Table, bindparam, func, select, update
+from sqlalchemy.orm.attributes import flag_modified
 
 from ffdl.core.status import HOLDING_JOB_STATES, JobStatus
 from ffdl.scheduler.free import KeptFree
@@ -147,6 +148,11 @@ class SchedulerLoop:
                 job.attempt += 1
                 job.not_before = None
                 job.master_port = free_port() if job.learners > 1 else None
+                # Every start then writes the same columns, even where one stays None, so
+                # the flush sends the starts as one batch instead of a statement per change
+                # of column set.
+                flag_modified(job, "master_port")
+                flag_modified(job, "not_before")
                 nodes = ", ".join(start.placement.nodes)
                 set_job_status(session, job, JobStatus.PENDING, f"placed on {nodes}")
                 acted = True
