@@ -463,7 +463,9 @@ class _Pass:
         return PooledEstimates(self.now, self.state, holding, handed_back, typical_used)
 
     def _waiting(self) -> tuple[Waiting, ...]:
-        estimates = self._estimates()
+        # Built at the first job that waits: it walks every running job, and most passes
+        # of a cluster with room leave no job waiting.
+        estimates: PooledEstimates | None = None
         sims: dict[tuple[str, ...], QueueSimulation] = {}
         verdicts: dict[_ShapeKey, tuple[int, str]] = {}
         shortfalls: dict[_ShapeKey, str] = {}
@@ -488,6 +490,8 @@ class _Pass:
             kind, detail = decided
             sim = sims.get(job.gpu_types)
             if sim is None:
+                if estimates is None:
+                    estimates = self._estimates()
                 sim = sims[job.gpu_types] = estimates.for_types(job.gpu_types)
             eta: float | None
             if kind == _HELD:
