@@ -18,8 +18,13 @@ thread waits for the interpreter lock behind it, at every database call. Compare
 the pass in a replica that serves the API to nobody (``run_loops`` on one replica,
 ``--api-only`` on the others).
 
+``--leases`` runs each pass under its lease's fence, as a replica's loop does, with the
+replica's lease round (``LeaseKeeper.tick``) every third of ``lease_ttl_s`` on a thread of
+its own: each pass's commit then locks its lease row to check the fence, and waits while a
+round holds it.
+
 Run: ``python benchmarks/bench_scheduler_pass.py [--passes 40] [--database postgresql]
-[--no-freeze] [--beside-requests 0.5]``.
+[--no-freeze] [--beside-requests 0.5] [--leases]``.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from ffdl.core.resources import LearnerPlacement, Node, Placement
 from ffdl.core.status import JobStatus
 from ffdl.server.auth import JobTokens
 from ffdl.server.credentials import CredentialVault
+from ffdl.server.leases import LeaseKeeper, fenced, install_fence_check
 from ffdl.server.loops import scheduler as scheduler_loop
 from ffdl.server.platform import Platform
 from ffdl.server.settings import Settings
@@ -113,6 +119,12 @@ def keep_busy(duty: float, stop: threading.Event) -> None:
         time.sleep(0.010 * (1 - duty))
 
 
+def tick_leases(keeper: LeaseKeeper, every_s: float, stop: threading.Event) -> None:
+    """The replica's lease round, as the app runs it."""
+    while not stop.wait(every_s):
+        keeper.tick()
+
+
 def _p50_p99(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.99 * len(ordered)))]
@@ -133,6 +145,11 @@ def main() -> dict[str, float]:
         default=0.0,
         metavar="F",
         help="a thread keeps the interpreter busy this fraction of the time (0 to 0.95)",
+    )
+    parser.add_argument(
+        "--leases",
+        action="store_true",
+        help="run each pass under its lease's fence, beside the replica's lease rounds",
     )
     args, _ = parser.parse_known_args()
     if args.passes < 1:
@@ -176,11 +193,30 @@ def main() -> dict[str, float]:
         if args.beside_requests > 0:
             busy = threading.Thread(target=keep_busy, args=(args.beside_requests, stop))
             busy.start()
+        keeper: LeaseKeeper | None = None
+        if args.leases:
+            install_fence_check()
+            ttl_s = platform.settings.lease_ttl_s
+            keeper = LeaseKeeper(
+                store,
+                replica_id="bench",
+                url="http://127.0.0.1:1",
+                version="bench",
+                ttl_s=ttl_s,
+                hang_s=platform.settings.loop_hang_s,
+            )
+            keeper.tick()
+            threading.Thread(target=tick_leases, args=(keeper, ttl_s / 3, stop)).start()
         try:
             for index in range(args.passes + 1):
                 submit(store, rng, index * ARRIVALS)
+                fence = keeper.fence("scheduler") if keeper is not None else None
                 start = time.perf_counter()
-                loop()
+                if fence is not None:
+                    with fenced(fence):
+                        loop()
+                else:
+                    loop()
                 if index:  # the first pass warms caches and the database's pages
                     passes.append((time.perf_counter() - start) * 1000.0)
         finally:
@@ -197,6 +233,8 @@ def main() -> dict[str, float]:
         if args.beside_requests
         else ""
     )
+    if args.leases:
+        beside += ", under the scheduler's lease beside the lease rounds"
     print(f"{NODES:,} nodes, {RUNNING:,} running, {ARRIVALS} submitted before each pass{beside}")
     print(f"{'':<10}{'p50 ms':>9}{'p99 ms':>9}")
     for name, samples in [("pass", passes), *parts.items()]:

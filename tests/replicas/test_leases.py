@@ -312,3 +312,32 @@ def test_jobs_locked_together_are_read_fresh_once_and_not_again_by_the_gate(
     with store.read() as session:
         reasons = dict(session.execute(select(Event.job_id, Event.reason)).all())
     assert reasons == {ids[0]: "placed by one", **{j: "placed by two" for j in ids[1:]}}
+
+
+def test_a_round_locks_every_lease_in_one_statement_and_renews_them_in_one_batch(
+    tmp_path: Path,
+) -> None:
+    # Each loop pass's commit locks its lease to check its fence: it waits for as long as a
+    # round holds that row, which was a round trip per lease with a renewal between each.
+    store = make_store(tmp_path, "postgresql")
+    a = keeper(store, "a")
+    assert sorted(a.tick()) == sorted(LOOPS)
+    statements: list[tuple[str, bool]] = []
+
+    def record(
+        _conn: object, _cursor: object, sql: str, _params: object, _ctx: object, many: bool
+    ) -> None:
+        statements.append((" ".join(sql.split()), many))
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        assert a.tick() == []
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    locks = [sql for sql, _ in statements if "FROM leases" in sql and "FOR UPDATE" in sql]
+    assert len(locks) == 1, locks
+    renewals = [(sql, many) for sql, many in statements if sql.startswith("UPDATE leases")]
+    assert len(renewals) == 1 and renewals[0][1], renewals
+    assert sorted(a.held()) == sorted(LOOPS)
+    with store.read() as session:
+        assert {lease.holder for lease in session.query(Lease)} == {"a"}

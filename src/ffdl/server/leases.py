@@ -261,11 +261,12 @@ class LeaseKeeper:
         with self.store.write() as session:
             self._register(session, now)
             share = self._share(session, now) if self.spread and self.names else None
+            leases = self._lock_leases(session)
             for name in self.names:
                 if self._hung(name, now):
                     self._let_go(name, f"its {name} pass has run since {self._busy_since[name]}")
                     continue
-                outcome[name] = self._renew_or_take(session, name, now, share)
+                outcome[name] = self._renew_or_take(session, name, leases.get(name), now, share)
             if share is not None:
                 handed = self._hand_one_over(session, outcome, share, now)
         taken: list[str] = []
@@ -379,13 +380,30 @@ class LeaseKeeper:
             .values(expires_at=now)
         )
 
+    def _lock_leases(self, session: Session) -> dict[str, Lease]:
+        """This round's leases, read and locked in one statement, in name order.
+
+        Every loop pass's commit locks its own lease to check its fence (``check_fence``),
+        so it waits for as long as a round holds that row: one round trip here, not one per
+        lease with each renewal flushed in between. Locking in name order, as every replica
+        does, keeps two rounds from deadlocking.
+        """
+        if not self.names:
+            return {}
+        rows = session.scalars(
+            select(Lease).where(Lease.name.in_(self.names)).order_by(Lease.name).with_for_update()
+        )
+        return {lease.name: lease for lease in rows}
+
     def _renew_or_take(
-        self, session: Session, name: str, now: datetime, share: Share | None = None
+        self,
+        session: Session,
+        name: str,
+        lease: Lease | None,
+        now: datetime,
+        share: Share | None = None,
     ) -> Held | None:
         expires = now + self.ttl
-        lease = session.execute(
-            select(Lease).where(Lease.name == name).with_for_update()
-        ).scalar_one_or_none()
         if lease is None:
             if share is not None:
                 share.mine += 1
