@@ -206,7 +206,10 @@ def main() -> dict[str, float]:
                 hang_s=platform.settings.loop_hang_s,
             )
             keeper.tick()
-            threading.Thread(target=tick_leases, args=(keeper, ttl_s / 3, stop)).start()
+            rounds = threading.Thread(
+                target=tick_leases, args=(keeper, ttl_s / 3, stop), daemon=True
+            )
+            rounds.start()
         try:
             for index in range(args.passes + 1):
                 submit(store, rng, index * ARRIVALS)

@@ -253,6 +253,13 @@ def start_print_then_save(directory: Path, output_wait_s: float) -> subprocess.P
     )
 
 
+def finish(saver: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
+    """The saver's output, once it has ended (killed if it has not)."""
+    if saver.poll() is None:
+        saver.kill()
+    return saver.communicate(timeout=30)
+
+
 def stays_false(condition: Callable[[], bool], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -281,9 +288,7 @@ def test_a_checkpoint_appears_only_once_the_lines_printed_before_it_are_read(
         assert saver.stdout.readline() == b"chaos line 5\n"
         wait_for(lambda: saver.poll() is not None, 30, "the save to finish")
     finally:
-        if saver.poll() is None:
-            saver.kill()
-        _, stderr = saver.communicate(timeout=30)
+        _, stderr = finish(saver)
     assert saver.returncode == 0, stderr.decode()
     assert load_checkpoint(directory) == (5, b"5")
 
@@ -294,9 +299,7 @@ def test_a_reader_that_never_reads_delays_a_save_only_until_its_deadline(tmp_pat
     try:
         wait_for(lambda: saver.poll() is not None, 30, "the save to give up waiting")
     finally:
-        if saver.poll() is None:
-            saver.kill()
-        stdout, stderr = saver.communicate(timeout=30)
+        stdout, stderr = finish(saver)
     assert saver.returncode == 0, stderr.decode()
     assert stdout == b"chaos line 5\n"
     assert load_checkpoint(directory) == (5, b"5")
