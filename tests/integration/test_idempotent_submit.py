@@ -228,8 +228,8 @@ LATER_COLUMNS = {
     ),
     "learners": ("gpu_util", "gpu_memory_mb", "gpu_power_w", "gpu_stats", "gpu_sampled_at"),
 }
-# Revision 0005: each job's record numbers, and the index of the jobs' list order.
-LATER_INDEXES = ("ix_jobs_tenant_status", "ix_jobs_submitted_id")
+# Indexes of later revisions: 0003 (counting by status), 0005 and 0010 (the list order).
+LATER_INDEXES = ("ix_jobs_tenant_status", "ix_jobs_submitted_id", "ix_jobs_tenant_submitted_id")
 NUMBERED = {"log_lines": "last_line_number", "metrics": "last_metric_number"}
 
 
@@ -243,7 +243,7 @@ def test_the_key_index_is_added_to_an_older_database(tmp_path: Path) -> None:
         db.execute("ALTER TABLE jobs DROP COLUMN idempotency_key")
         db.execute("ALTER TABLE jobs DROP COLUMN idempotency_digest")
         # What a database from before migrations looked like: no revision, and nothing that
-        # later revisions (0002 to 0009) added.
+        # later revisions (0002 to 0010) added.
         db.execute("DROP TABLE alembic_version")
         for table in ("leases", "replicas", "gpu_samples", "cluster_samples", "record_chunks"):
             db.execute(f"DROP TABLE {table}")

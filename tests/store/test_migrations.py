@@ -33,7 +33,7 @@ from tests.postgres import free_port
 from tests.server.factories import database_url, on_both_databases
 
 # Every revision after the first, in order: what a store made at the first one still needs.
-LATER_REVISIONS = ["0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009"]
+LATER_REVISIONS = ["0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010"]
 ALL_REVISIONS = [INITIAL_REVISION, *LATER_REVISIONS]
 
 AT = datetime(2024, 5, 6, 7, 8, 9, 123456)  # naive UTC, with microseconds

@@ -1,7 +1,8 @@
 """Reading jobs for a caller: tenant scoping and FfDL's Model JSON.
 
-Every job lookup for a user goes through ``load_job`` or ``list_jobs``: a caller sees its
-own tenant's jobs, a platform admin every tenant's, and another tenant's job is not found.
+Every job lookup for a user goes through ``load_job`` or ``list_jobs`` (``job_page`` and
+``count_jobs``): a caller sees its own tenant's jobs, a platform admin every tenant's, and
+another tenant's job is not found.
 
 The Model JSON has FfDL's fields with FfDL's names, types and formats (``training.command``,
 ``training.training_status`` with ``submitted``/``completed`` as epoch milliseconds in a
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import ColumnElement, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from ffdl.core.errors import BadRequest, NotFound
@@ -74,7 +75,22 @@ def list_jobs(
     offset: int,
     after: str | None = None,
 ) -> tuple[list[Job], int]:
-    """A page of the caller's jobs, newest first, and how many there are in all.
+    """A page of the caller's jobs, newest first (``job_page``), and how many there are in
+    all (``count_jobs``)."""
+    page = job_page(session, principal, status=status, limit=limit, offset=offset, after=after)
+    return page, count_jobs(session, principal, status=status)
+
+
+def job_page(
+    session: Session,
+    principal: Principal,
+    *,
+    status: str | None,
+    limit: int,
+    offset: int,
+    after: str | None = None,
+) -> list[Job]:
+    """A page of the caller's jobs, newest first.
 
     ``after`` (the ``next`` of the page before) starts the page just after that job: a
     range read on the jobs' (submitted, id) order however deep the page is, where
@@ -86,7 +102,31 @@ def list_jobs(
         raise BadRequest(f"offset must be between 0 and {MAX_OFFSET}", detail={"field": "offset"})
     if after is not None and offset:
         raise BadRequest("give after or offset, not both", detail={"field": "after"})
-    conditions = []
+    conditions = _visible(principal, status)
+    if after is not None:
+        submitted, job_id = parse_page_cursor(after)
+        conditions.append(tuple_(Job.submitted_at, Job.id) < tuple_(submitted, job_id))
+    order = (Job.submitted_at.desc(), Job.id.desc())
+    if not offset:
+        return list(session.scalars(select(Job).where(*conditions).order_by(*order).limit(limit)))
+    # Skipped rows are read like returned ones: skip index entries instead. The page's ids
+    # come from an index in list order alone, then only their rows are read (at 100,000
+    # jobs, 2.4 times as fast on PostgreSQL, 1.3 times on SQLite: bench_model_pages.py).
+    ids = select(Job.id).where(*conditions).order_by(*order).limit(limit).offset(offset)
+    page = ids.subquery()
+    return list(session.scalars(select(Job).join(page, Job.id == page.c.id).order_by(*order)))
+
+
+def count_jobs(session: Session, principal: Principal, *, status: str | None) -> int:
+    """How many jobs the caller sees (with ``status``, how many of them have it)."""
+    return (
+        session.scalar(select(func.count()).select_from(Job).where(*_visible(principal, status)))
+        or 0
+    )
+
+
+def _visible(principal: Principal, status: str | None) -> list[ColumnElement[bool]]:
+    conditions: list[ColumnElement[bool]] = []
     if not principal.is_platform_admin:
         conditions.append(Job.tenant_id == principal.tenant_id)
     if status is not None:
@@ -95,18 +135,7 @@ def list_jobs(
         except ValueError as exc:
             raise BadRequest(f"unknown status {status!r}", detail={"field": "status"}) from exc
         conditions.append(Job.status == value)
-    total = session.scalar(select(func.count()).select_from(Job).where(*conditions)) or 0
-    if after is not None:
-        submitted, job_id = parse_page_cursor(after)
-        conditions.append(tuple_(Job.submitted_at, Job.id) < tuple_(submitted, job_id))
-    jobs = session.scalars(
-        select(Job)
-        .where(*conditions)
-        .order_by(Job.submitted_at.desc(), Job.id.desc())
-        .limit(limit)
-        .offset(offset)
-    ).all()
-    return list(jobs), int(total)
+    return conditions
 
 
 def page_cursor(job: Job) -> str:

@@ -153,8 +153,9 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     status_changed_at: Mapped[datetime]
     __table_args__ = (
-        Index("ix_jobs_tenant_submitted", "tenant_id", "submitted_at"),
-        # The list's order over every tenant (a platform admin's pages).
+        # The list's order, a tenant's (a member's pages) and over every tenant (a platform
+        # admin's); the id in each lets a page's offset be counted in the index alone.
+        Index("ix_jobs_tenant_submitted_id", "tenant_id", "submitted_at", "id"),
         Index("ix_jobs_submitted_id", "submitted_at", "id"),
         # Counting jobs by tenant and status (``/metrics``) reads this index alone.
         Index("ix_jobs_tenant_status", "tenant_id", "status"),
