@@ -51,7 +51,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -68,19 +68,18 @@ from _fleet_measure import (
     scrape_histograms,
 )
 from _fleet_report import TIMED_LOOPS, Run, Setup, print_runs
+from _seed import seed_finished_jobs
 from _server import FAST_CONFIG, LiveServer, code_zip
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 from tests.postgres import PostgresServer, free_port
 
 from ffdl.server.store.db import Store
 from ffdl.server.store.models import DeployStep, Job
-from ffdl.server.store.transitions import utcnow
 from ffdl.sim.philly import TraceFilter, load_philly
 
 TENANTS = ("vision", "speech", "nlp", "ads")
 PRIORITIES = (0, 50, 100)
 GPUS_PER_NODE = 8
-SEED_CHUNK = 5000
 LOOPS = ("scheduler", "lcm")
 # Submissions in flight at once, at most.
 SUBMITTERS = 8
@@ -125,42 +124,6 @@ def manifest(name: str, gpus: int, tenant_priority: int, elastic: bool, duration
     if elastic and learners == 1 and per_learner > 1:
         lines.append(f"elastic: {{gpus: {{min: 1, max: {per_learner}}}}}")
     return "\n".join(lines) + "\n"
-
-
-def seed_finished_jobs(database_url: str, count: int) -> None:
-    """``count`` finished jobs, written straight into the store in large inserts."""
-    store = Store(database_url)
-    base = utcnow() - timedelta(days=60)
-    try:
-        for first in range(0, count, SEED_CHUNK):
-            rows = []
-            for i in range(first, min(count, first + SEED_CHUNK)):
-                at = base + timedelta(seconds=i * 30)
-                rows.append(
-                    {
-                        "id": f"training-seed{i:07d}",
-                        "tenant_id": "default",
-                        "user_id": "admin",
-                        "name": f"seed-{i}",
-                        "manifest": {"name": f"seed-{i}", "framework": {"name": "custom"}},
-                        "status": "COMPLETED",
-                        "reason": "completed",
-                        "learners": 1,
-                        "gpus": 1,
-                        "cpus": 1.0,
-                        "memory_mb": 1024,
-                        "submitted_at": at,
-                        "started_at": at,
-                        "finished_at": at,
-                        "status_changed_at": at,
-                        "attempt": 1,
-                        "exit_code": 0,
-                    }
-                )
-            with store.write() as session:
-                session.execute(insert(Job), rows)
-    finally:
-        store.dispose()
 
 
 def progress(what: str) -> None:
@@ -242,7 +205,11 @@ class Fleet:
                     everyone.append(replica)
             # After the first start, which made the schema, the tenant and the administrator.
             progress(f"{setup.replicas} replicas up; storing {self.stored} finished jobs")
-            seed_finished_jobs(database_url, self.stored)
+            seeding = Store(database_url)
+            try:
+                seed_finished_jobs(seeding, self.stored)
+            finally:
+                seeding.dispose()
             tokens = self._tenants(replicas[0])
             with pinned(args.platform_cpus, platform=False):
                 result.figures = self._load(
