@@ -21,18 +21,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert, select, text
+from _seed import seed_finished_jobs
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from ffdl.server.auth import Principal
 from ffdl.server.services.queries import count_jobs, job_page, page_cursor
 from ffdl.server.store.db import Store, is_postgresql
 from ffdl.server.store.models import Job
-from ffdl.server.store.transitions import utcnow
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -41,41 +40,13 @@ if str(ROOT) not in sys.path:
 from tests.server.factories import DATABASES, make_store  # noqa: E402
 
 PAGE = 50
-CHUNK = 5_000
 MEMBER = Principal(user_id="u1", tenant_id="t1", role="member")
 ADMIN = Principal(user_id="root", tenant_id="t1", role="platform-admin")
 
 
 def seed(store: Store, count: int) -> None:
-    """``count`` finished jobs of tenant t1, one every 30 s, in large inserts."""
-    base = utcnow() - timedelta(days=60)
-    for first in range(0, count, CHUNK):
-        rows = []
-        for i in range(first, min(count, first + CHUNK)):
-            at = base + timedelta(seconds=i * 30)
-            rows.append(
-                {
-                    "id": f"training-seed{i:07d}",
-                    "tenant_id": "t1",
-                    "user_id": "u1",
-                    "name": f"seed-{i}",
-                    "manifest": {"name": f"seed-{i}", "framework": {"name": "custom"}},
-                    "status": "COMPLETED",
-                    "reason": "completed",
-                    "learners": 1,
-                    "gpus": 1,
-                    "cpus": 1.0,
-                    "memory_mb": 1024,
-                    "submitted_at": at,
-                    "started_at": at,
-                    "finished_at": at,
-                    "status_changed_at": at,
-                    "attempt": 1,
-                    "exit_code": 0,
-                }
-            )
-        with store.write() as session:
-            session.execute(insert(Job), rows)
+    """``count`` finished jobs of tenant t1; on PostgreSQL, vacuumed as autovacuum would."""
+    seed_finished_jobs(store, count, tenant_id="t1", user_id="u1")
     if is_postgresql(store.engine.url):
         with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("VACUUM ANALYZE jobs"))
