@@ -2,8 +2,7 @@
 on the test session's PostgreSQL server (``tests.postgres``).
 
 A test runs on both with ``@on_both_databases`` and a ``database`` argument passed on to
-``make_store``. Stores are created through the migrations (``schema.upgrade``), as ffdl
-creates them.
+``make_store``. Stores are created by ``schema.upgrade``, as ffdl creates them.
 """
 
 from __future__ import annotations

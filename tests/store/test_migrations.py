@@ -287,12 +287,49 @@ def _differences(store: Store) -> list[Any]:
         return list(compare_metadata(MigrationContext.configure(conn), Base.metadata))
 
 
+def _shape(store: Store) -> dict[str, dict[str, Any]]:
+    """Every table as the database describes it, column order aside: columns (type,
+    nullability, server default), primary key, indexes, unique and foreign keys, checks."""
+    inspector = inspect(store.engine)
+    shape: dict[str, dict[str, Any]] = {}
+    for table in inspector.get_table_names():
+        columns = {
+            column["name"]: (str(column["type"]), column["nullable"], column.get("default"))
+            for column in inspector.get_columns(table)
+        }
+        shape[table] = {
+            "columns": columns,
+            "primary key": inspector.get_pk_constraint(table)["constrained_columns"],
+            "indexes": sorted(
+                (index["name"], tuple(index["column_names"]), bool(index["unique"]))
+                for index in inspector.get_indexes(table)
+            ),
+            "unique": sorted(
+                (unique["name"], tuple(unique["column_names"]))
+                for unique in inspector.get_unique_constraints(table)
+            ),
+            "foreign keys": sorted(
+                (
+                    tuple(key["constrained_columns"]),
+                    key["referred_table"],
+                    tuple(key["referred_columns"]),
+                    repr(sorted(key.get("options", {}).items())),
+                )
+                for key in inspector.get_foreign_keys(table)
+            ),
+            "checks": sorted(
+                str(check["sqltext"]) for check in inspector.get_check_constraints(table)
+            ),
+        }
+    return shape
+
+
 @on_both_databases
 def test_the_models_and_the_head_migration_agree(tmp_path: Path, database: str) -> None:
     """A model changed without a migration (or the reverse) fails here."""
     store = Store(database_url(tmp_path, database))
     try:
-        assert upgrade(store) == ALL_REVISIONS
+        assert upgrade(store, empty_from_models=False) == ALL_REVISIONS
         assert _differences(store) == []
         # The comparison sees a change: a column the migrations never made.
         with store.engine.begin() as conn:
@@ -300,6 +337,30 @@ def test_the_models_and_the_head_migration_agree(tmp_path: Path, database: str) 
         assert [diff[0] for diff in _differences(store)] == ["remove_column"]
     finally:
         store.dispose()
+
+
+@on_both_databases
+def test_an_empty_database_is_made_from_the_models_as_the_migrations_would_make_it(
+    tmp_path: Path, database: str
+) -> None:
+    for name in ("migrated", "made"):
+        (tmp_path / name).mkdir()
+    migrated = Store(database_url(tmp_path / "migrated", database))
+    made = Store(database_url(tmp_path / "made", database))
+    try:
+        assert upgrade(migrated, empty_from_models=False) == ALL_REVISIONS
+        assert upgrade(made) == ALL_REVISIONS
+        assert current_revision(made) == head_revision()
+        assert _shape(made) == _shape(migrated)
+        assert upgrade(made) == []
+        # The comparison sees a default the models lack.
+        with made.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE jobs ADD COLUMN stray INTEGER DEFAULT 7"))
+        assert _shape(made)["jobs"]["columns"]["stray"][2] is not None
+        assert _shape(made) != _shape(migrated)
+    finally:
+        migrated.dispose()
+        made.dispose()
 
 
 @on_both_databases

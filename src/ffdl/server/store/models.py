@@ -12,7 +12,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, true
+from sqlalchemy import (
+    JSON,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    true,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -100,7 +111,7 @@ class Job(Base):
     # Scheduling inputs copied out of the manifest so a pass never re-parses manifests.
     gpu_type: Mapped[str | None] = mapped_column(String(100), default=None)  # one type only
     gpu_types: Mapped[list[str] | None] = mapped_column(JSON, default=None)  # None: any type
-    mix_gpu_types: Mapped[bool] = mapped_column(default=False)
+    mix_gpu_types: Mapped[bool] = mapped_column(default=False, server_default=false())
     placement_policy: Mapped[str | None] = mapped_column(String(16), default=None)
     same_label: Mapped[str | None] = mapped_column(String(100), default=None)
     expected_duration_s: Mapped[float | None] = mapped_column(Float, default=None)

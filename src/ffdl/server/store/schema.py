@@ -6,7 +6,10 @@ to ``models.py`` needs a migration: a test compares the models with the head rev
 
 ``upgrade(store)`` brings any database this ffdl can use to the head revision:
 
-- an empty database gets every migration;
+- an empty database is created from the models and stamped at head: one step instead of
+  every migration in turn (a third of a second on SQLite, where each table a migration
+  alters is copied). A test holds the two ways to the same schema, defaults and indexes
+  included;
 - a database made before migrations existed (ffdl's tables, no ``alembic_version``) is
   first brought to revision 0001's shape as the old code did it (missing tables created,
   missing nullable columns and indexes added), stamped 0001, then upgraded;
@@ -143,8 +146,12 @@ def state(store: Store) -> SchemaState:
     return SchemaState(current=current, head=head, pending=pending, unversioned=unversioned)
 
 
-def upgrade(store: Store, to: str = "head") -> list[str]:
+def upgrade(store: Store, to: str = "head", *, empty_from_models: bool = True) -> list[str]:
     """Bring ``store``'s schema to revision ``to``; the revisions applied, oldest first.
+
+    An empty database brought to head is created from the models in one step and stamped
+    at head (``empty_from_models``; False runs every migration instead, as a test that
+    holds the two ways to the same schema does).
 
     Raises ``DatabaseUnreachable``, ``SchemaTooNew`` (nothing changed) or
     ``SchemaUnadoptable``; any failure of a migration rolls the whole upgrade back.
@@ -154,6 +161,11 @@ def upgrade(store: Store, to: str = "head") -> list[str]:
         current = _current(conn)
         if current is not None and current not in known_revisions():
             raise SchemaTooNew(too_new_message(store, current))
+        if empty_from_models and to == "head" and current is None and not _ffdl_tables(conn):
+            Base.metadata.create_all(conn)
+            MigrationContext.configure(conn).stamp(script_directory(), "head")
+            conn.commit()
+            return _between(None, head_revision())
         if current is None and _initial_tables_present(conn):
             added = _adopt(conn)
             log.info(
@@ -226,6 +238,10 @@ def _between(start: str | None, head: str) -> list[str]:
         return []
     scripts = script_directory().iterate_revisions(head, start or "base")
     return [script.revision for script in reversed(list(scripts))]
+
+
+def _ffdl_tables(conn: Connection) -> set[str]:
+    return set(inspect(conn).get_table_names()) & set(Base.metadata.tables)
 
 
 def _initial_tables_present(conn: Connection) -> set[str]:
