@@ -1,5 +1,6 @@
-"""Fixtures shared by every test package: a real ffdl server on 127.0.0.1, and the test
-session's PostgreSQL server."""
+"""Fixtures shared by every test package: a real ffdl server on 127.0.0.1 (one per test,
+``server``, or one per module, ``shared_server``), and the test session's PostgreSQL
+server."""
 
 from __future__ import annotations
 
@@ -60,6 +61,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[LiveServer]:
     with serving(LiveServer(home=tmp_path / "home")) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One server for a whole test module, for tests that look only at the jobs they submit
+    and check a refused request against what the server held before it: a server start
+    costs more CPU than most such tests do."""
+    with serving(LiveServer(home=tmp_path_factory.mktemp("shared") / "home")) as live:
         yield live
 
 
