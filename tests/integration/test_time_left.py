@@ -8,8 +8,10 @@ from typing import Any
 
 from tests.integration.live import ffdl_output, manifest_yaml, running_server, wait_for
 
-STEPS = 60
-# 60 steps at 5 steps/s: about 12 s, reporting its total as it goes.
+STEPS = 100
+# 100 steps at 5 steps/s: about 20 s, reporting its total as it goes; long enough that it
+# still runs, and the second job still waits, while two CLI commands start on a busy
+# machine after its first estimate.
 TRAIN = (
     "import time\n"
     "from ffdl.sdk.api import report\n"
