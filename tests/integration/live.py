@@ -212,6 +212,12 @@ class LiveServer:
         assert response.status_code == 201, response.text
         return str(response.json()["model_id"])
 
+    def job_total(self) -> int:
+        """How many jobs the administrator's list counts (``total``)."""
+        response = self.client.get("/v1/models")
+        assert response.status_code == 200, response.text
+        return int(response.json()["total"])
+
     def model(self, job_id: str) -> dict[str, Any]:
         response = self.client.get(f"/v1/models/{job_id}")
         assert response.status_code == 200, response.text

@@ -43,14 +43,10 @@ def _jobs_on_disk(server: LiveServer) -> list[str]:
     return sorted(p.name for p in jobs.iterdir()) if jobs.exists() else []
 
 
-def _total(server: LiveServer) -> int:
-    return int(server.client.get("/v1/models").json()["total"])
-
-
 def test_invalid_manifest_is_rejected_with_field_and_nothing_is_stored(
     shared_server: LiveServer,
 ) -> None:
-    before_total, before_on_disk = _total(shared_server), _jobs_on_disk(shared_server)
+    before_total, before_on_disk = shared_server.job_total(), _jobs_on_disk(shared_server)
     bad = manifest_yaml("python x.py", learners=0)
     response = shared_server.submit(bad)
     assert response.status_code == 400
@@ -63,7 +59,7 @@ def test_invalid_manifest_is_rejected_with_field_and_nothing_is_stored(
     assert response.json()["ffdl_code"] == "C101"
     assert response.json()["detail"]["field"] == "framework.command"
     assert "Traceback" not in response.text
-    assert _total(shared_server) == before_total
+    assert shared_server.job_total() == before_total
     assert _jobs_on_disk(shared_server) == before_on_disk
 
 

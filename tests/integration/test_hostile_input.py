@@ -39,10 +39,6 @@ def assert_bad_request(response: httpx.Response, field: str) -> dict[str, Any]:
     return body
 
 
-def _total(server: LiveServer) -> int:
-    return int(server.client.get("/v1/models").json()["total"])
-
-
 @pytest.fixture(scope="module")
 def finished_job(shared_server: LiveServer) -> str:
     job_id = shared_server.submit_ok(manifest_yaml("echo hello", gpus=0))
@@ -114,7 +110,7 @@ def test_drain_reasons_are_short(shared_server: LiveServer) -> None:
 
 
 def test_a_manifest_repeating_a_key_is_refused_naming_it(shared_server: LiveServer) -> None:
-    before = _total(shared_server)
+    before = shared_server.job_total()
     manifest = manifest_yaml("true", gpus=0) + "gpus: 64\n"
     body = assert_bad_request(shared_server.submit(manifest), "gpus")
     assert body["ffdl_code"] == "C101"
@@ -123,13 +119,13 @@ def test_a_manifest_repeating_a_key_is_refused_naming_it(shared_server: LiveServ
     text = manifest_yaml("true", gpus=0) + "framework: {name: a, command: b, command: c}\n"
     body = assert_bad_request(shared_server.submit(text), "framework")
     assert body["detail"]["field"] in ("framework", "framework.command")
-    assert _total(shared_server) == before
+    assert shared_server.job_total() == before
 
 
 def test_a_misspelled_manifest_key_is_refused_naming_the_field_meant(
     shared_server: LiveServer,
 ) -> None:
-    before = _total(shared_server)
+    before = shared_server.job_total()
     manifest = manifest_yaml("true", gpus=0) + "lerners: 4\n"
     body = assert_bad_request(shared_server.submit(manifest), "lerners")
     assert body["ffdl_code"] == "C101"
@@ -140,7 +136,7 @@ def test_a_misspelled_manifest_key_is_refused_naming_the_field_meant(
     nested = manifest_yaml("true", gpus=0).replace("command:", "commnd:")
     body = assert_bad_request(shared_server.submit(nested), "framework.commnd")
     assert body["detail"]["reason"] == "is not a manifest field: did you mean framework.command?"
-    assert _total(shared_server) == before
+    assert shared_server.job_total() == before
     # A key far from every field is still accepted, with a warning.
     response = shared_server.submit(manifest_yaml("true", gpus=0) + "team: vision\n")
     assert response.status_code == 201, response.text
@@ -148,11 +144,11 @@ def test_a_misspelled_manifest_key_is_refused_naming_the_field_meant(
 
 
 def test_long_names_and_descriptions_are_refused(shared_server: LiveServer) -> None:
-    before = _total(shared_server)
+    before = shared_server.job_total()
     assert_bad_request(shared_server.submit(manifest_yaml("true", name="n" * 201)), "name")
     response = shared_server.submit(manifest_yaml("true", description="d" * 5000))
     assert_bad_request(response, "description")
-    assert _total(shared_server) == before
+    assert shared_server.job_total() == before
 
 
 def test_trained_model_download_never_follows_links(

@@ -139,7 +139,7 @@ def state(store: Store) -> SchemaState:
     head = head_revision()
     with store.engine.connect() as conn:
         current = _current(conn)
-        unversioned = current is None and bool(_initial_tables_present(conn))
+        unversioned = current is None and bool(_present(conn, INITIAL_TABLES))
     if current is not None and current not in known_revisions():
         return SchemaState(current=current, head=head, known=False)
     pending = _between(INITIAL_REVISION if unversioned else current, head)
@@ -161,12 +161,13 @@ def upgrade(store: Store, to: str = "head", *, empty_from_models: bool = True) -
         current = _current(conn)
         if current is not None and current not in known_revisions():
             raise SchemaTooNew(too_new_message(store, current))
-        if empty_from_models and to == "head" and current is None and not _ffdl_tables(conn):
+        empty = current is None and not _present(conn, Base.metadata.tables)
+        if empty and empty_from_models and to == "head":
             Base.metadata.create_all(conn)
             MigrationContext.configure(conn).stamp(script_directory(), "head")
             conn.commit()
             return _between(None, head_revision())
-        if current is None and _initial_tables_present(conn):
+        if current is None and _present(conn, INITIAL_TABLES):
             added = _adopt(conn)
             log.info(
                 "database %s had no schema revision (made before migrations): "
@@ -240,17 +241,14 @@ def _between(start: str | None, head: str) -> list[str]:
     return [script.revision for script in reversed(list(scripts))]
 
 
-def _ffdl_tables(conn: Connection) -> set[str]:
-    return set(inspect(conn).get_table_names()) & set(Base.metadata.tables)
-
-
-def _initial_tables_present(conn: Connection) -> set[str]:
-    return set(inspect(conn).get_table_names()) & set(INITIAL_TABLES)
+def _present(conn: Connection, tables: Iterable[str]) -> set[str]:
+    """Which of ``tables`` the database has."""
+    return set(inspect(conn).get_table_names()) & set(tables)
 
 
 def _adopt(conn: Connection) -> list[str]:
     """Bring a database made before migrations to revision 0001 and stamp it so."""
-    later = set(inspect(conn).get_table_names()) & (set(Base.metadata.tables) - set(INITIAL_TABLES))
+    later = _present(conn, set(Base.metadata.tables) - set(INITIAL_TABLES))
     if later:
         raise SchemaUnadoptable(
             f"the database has no schema revision but already has table(s) "
