@@ -3,6 +3,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
+# Bytecode is cached (some hosts set PYTHONDONTWRITEBYTECODE for every process): without it
+# each process the tests start (a server, a CLI command, a job's controller, each pytest
+# worker with its rewritten test modules) compiles its sources again.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: demo test lint typecheck docs bench chaos chaos-replicas chaos-db fleet clean sandbox-tools gpu-kit
 
 $(STAMP): pyproject.toml

@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 from ffdl.sdk.context import DIRECTORY_VARIABLES
+from tests.optional import requires
 
-torch = pytest.importorskip("torch")
-sklearn_datasets = pytest.importorskip("sklearn.datasets")
-numpy = pytest.importorskip("numpy")
+pytestmark = requires("torch", "sklearn", "numpy")
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "digits" / "train.py"
 INHERITED_SDK_VARIABLES = ("FFDL_EMETRICS_FILE", "FFDL_BATCH_SIZE", "FFDL_GPUS")
@@ -86,6 +85,8 @@ def test_full_run_reaches_95_percent_and_writes_every_output(job_dirs: dict[str,
     assert summary["test_accuracy"] >= 0.95
     assert printed_accuracy.group(1) == f"{summary['test_accuracy']:.4f}"
 
+    import torch
+
     state_dict = torch.load(job_dirs["RESULT_DIR"] / "model.pt", weights_only=True)
     assert any(name.endswith("weight") for name in state_dict)
 
@@ -109,7 +110,10 @@ def test_full_run_reaches_95_percent_and_writes_every_output(job_dirs: dict[str,
 def test_halt_checkpoints_and_exits_zero_then_a_restart_resumes(
     job_dirs: dict[str, Path],
 ) -> None:
-    bundled = sklearn_datasets.load_digits()
+    import numpy
+    from sklearn.datasets import load_digits
+
+    bundled = load_digits()
     staged = job_dirs["DATA_DIR"] / "digits.npz"
     numpy.savez(staged, images=bundled.images, target=bundled.target)
     log_file = job_dirs["DATA_DIR"].parent / "first-run.log"

@@ -19,13 +19,13 @@ import yaml
 from ffdl.backends.gpus import detect_gpus
 from tests.gpu.trouble import wait_on_gpu
 from tests.integration.live import HOST_CONFIG, LiveServer, serving
+from tests.optional import requires
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not detect_gpus(), reason="needs an NVIDIA GPU (nvidia-smi found none)"),
+    requires("torch", "sklearn"),
 ]
-pytest.importorskip("torch")
-pytest.importorskip("sklearn.datasets")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
 EPOCHS = 150

@@ -41,6 +41,8 @@ FAST_CONFIG: dict[str, Any] = {
 }
 # The same without declared nodes: the local backend reports this host and its GPUs.
 HOST_CONFIG: dict[str, Any] = {key: value for key, value in FAST_CONFIG.items() if key != "nodes"}
+# How far apart ``wait_for``'s polls grow in a long wait.
+SLOWEST_POLL_S = 0.25
 
 
 def free_port() -> int:
@@ -52,14 +54,20 @@ def free_port() -> int:
 def wait_for(
     check: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05, what: str = ""
 ) -> Any:
-    """Poll ``check`` until it returns a truthy value; fail with ``what`` after ``timeout``."""
+    """Poll ``check`` until it returns a truthy value; fail with ``what`` after ``timeout``.
+
+    The first polls are ``interval`` apart, later ones up to ``SLOWEST_POLL_S``: a check is
+    usually a request that costs the server about 10 ms of CPU, so a long wait polled every
+    50 ms kept a fifth of a core busy answering it."""
     deadline = time.monotonic() + timeout
+    pause = interval
     last: Any = None
     while time.monotonic() < deadline:
         last = check()
         if last:
             return last
-        time.sleep(interval)
+        time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+        pause = min(pause * 1.5, max(interval, SLOWEST_POLL_S))
     raise AssertionError(f"timed out after {timeout}s waiting for {what or check}: last={last!r}")
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.summary import Writer
-from torch.utils.tensorboard import SummaryWriter
 
 from ffdl.learner.metrics import EMetric
 from ffdl.learner.tensorboard import MetricsDirError, TensorBoardReader, resolve_dir
+from tests.optional import summary_writer
 
 from .test_recording_api import wait_until
 
@@ -49,7 +49,7 @@ def reader_for(
 def test_torch_summary_writer_scalars_become_one_metric_per_run_and_step(tmp_path: Path) -> None:
     tb = tmp_path / "tb"
     for run, offset in (("train", 0.0), ("test", 0.5)):
-        writer = SummaryWriter(str(tb / run))
+        writer = summary_writer(tb / run)
         for step in (1, 2, 3):
             writer.add_scalar("loss", 1.0 / step + offset, step)
             writer.add_scalar("accuracy", step / 10, step)
@@ -78,7 +78,7 @@ def test_tensor_scalars_of_the_tensorboard_writer_are_read_after_their_first_met
         writer.add_scalar("eval/f1", step / 4, step, wall_time=1_800_000_000.0 + step)
     writer.flush()
     # Tensor scalars of torch's "new style" sit beside them in another run.
-    torch_writer = SummaryWriter(str(tb / "torch"))
+    torch_writer = summary_writer(tb / "torch")
     torch_writer.add_scalar("lr", 0.125, 7, new_style=True)
     torch_writer.close()
     seen = Collected()
@@ -102,7 +102,7 @@ def test_tensor_scalars_of_the_tensorboard_writer_are_read_after_their_first_met
 
 def test_incremental_reads_report_each_step_once_and_in_order(tmp_path: Path) -> None:
     tb = tmp_path / "tb"
-    writer = SummaryWriter(str(tb / "train"))
+    writer = summary_writer(tb / "train")
     seen = Collected()
     reader = reader_for(tb, seen)
     reader.poll()
@@ -132,7 +132,7 @@ def test_incremental_reads_report_each_step_once_and_in_order(tmp_path: Path) ->
 
 
 def test_the_same_tag_again_at_one_step_is_a_new_measurement(tmp_path: Path) -> None:
-    writer = SummaryWriter(str(tmp_path / "tb"))
+    writer = summary_writer(tmp_path / "tb")
     for value in (3.0, 2.0, 1.0):
         writer.add_scalar("loss", value)  # no step given: every value at step 0
     writer.close()
@@ -145,14 +145,14 @@ def test_the_same_tag_again_at_one_step_is_a_new_measurement(tmp_path: Path) -> 
 
 def test_a_resumed_attempt_skips_what_an_earlier_one_wrote(tmp_path: Path) -> None:
     tb = tmp_path / "tb"
-    first = SummaryWriter(str(tb / "train"))
+    first = summary_writer(tb / "train")
     for step in (1, 2):
         first.add_scalar("loss", 1.0 / step, step)
     first.close()
     seen = Collected()
     reader = reader_for(tb, seen, skip_existing=True)
     reader.start()
-    second = SummaryWriter(str(tb / "train"), filename_suffix=".resumed")
+    second = summary_writer(tb / "train", filename_suffix=".resumed")
     second.add_scalar("loss", 0.3, 3)
     second.close()
     reader.stop()
@@ -164,7 +164,7 @@ def test_a_reader_thread_reports_while_the_job_writes(tmp_path: Path) -> None:
     seen = Collected()
     reader = reader_for(tb, seen)
     reader.start()
-    writer = SummaryWriter(str(tb / "train"))
+    writer = summary_writer(tb / "train")
     writer.add_scalar("loss", 1.0, 1)
     writer.flush()
     wait_until(lambda: seen.metrics, what="a flushed step reported while the job runs")
@@ -176,12 +176,12 @@ def test_a_reader_thread_reports_while_the_job_writes(tmp_path: Path) -> None:
 
 def test_links_and_special_files_are_never_read(tmp_path: Path) -> None:
     secret = tmp_path / "elsewhere"
-    writer = SummaryWriter(str(secret))
+    writer = summary_writer(secret)
     writer.add_scalar("secret", 42.0, 1)
     writer.close()
     (secret_file,) = secret.iterdir()
     tb = tmp_path / "tb"
-    honest = SummaryWriter(str(tb / "train"))
+    honest = summary_writer(tb / "train")
     honest.add_scalar("loss", 1.0, 1)
     honest.close()
     (tb / "linked-run").symlink_to(secret)
@@ -199,7 +199,7 @@ def test_links_and_special_files_are_never_read(tmp_path: Path) -> None:
 
 def test_a_metrics_directory_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
     secret = tmp_path / "elsewhere"
-    writer = SummaryWriter(str(secret))
+    writer = summary_writer(secret)
     writer.add_scalar("secret", 42.0, 1)
     writer.close()
     logs = tmp_path / "logs"
@@ -214,7 +214,7 @@ def test_a_metrics_directory_that_is_a_link_is_not_followed(tmp_path: Path) -> N
 
 
 def test_a_value_that_is_not_finite_is_dropped_alone(tmp_path: Path) -> None:
-    writer = SummaryWriter(str(tmp_path / "tb"))
+    writer = summary_writer(tmp_path / "tb")
     writer.add_scalar("loss", float("nan"), 1)
     writer.add_scalar("acc", 0.5, 1)
     writer.close()
@@ -289,7 +289,7 @@ def test_metrics_directory_outside_the_job_is_refused(raw: str, why: str) -> Non
 
 def test_an_event_file_the_reader_chokes_on_is_named_once_and_dropped(tmp_path: Path) -> None:
     tb = tmp_path / "tb"
-    honest = SummaryWriter(str(tb / "train"))
+    honest = summary_writer(tb / "train")
     honest.add_scalar("loss", 1.0, 1)
     honest.close()
     # A record header claiming a terabyte, with a valid checksum: the reader cannot hold it.

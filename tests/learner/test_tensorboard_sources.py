@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from torch.utils.tensorboard import SummaryWriter
-
 from ffdl.learner.metric_sources import MetricSources
 from ffdl.learner.metrics import EMetric
 from ffdl.learner.spec import LearnerSpec
+from tests.optional import summary_writer
 
 
 def spec_for(tmp_path: Path, learner: int = 1, **changes: Any) -> LearnerSpec:
@@ -59,7 +58,7 @@ def test_each_learner_reads_the_event_files_under_its_own_log_dir(tmp_path: Path
     seen = Seen()
     sources = sources_for(spec, seen)
     sources.start()
-    writer = SummaryWriter(str(tmp_path / "logs" / "learner-2" / "tb" / "train"))
+    writer = summary_writer(tmp_path / "logs" / "learner-2" / "tb" / "train")
     writer.add_scalar("loss", 0.5, 4)
     writer.close()
     sources.stop()
