@@ -16,9 +16,6 @@ from typing import Any
 import pytest
 
 from ffdl.sdk.context import DIRECTORY_VARIABLES
-from tests.optional import requires
-
-pytestmark = requires("torch", "sklearn", "numpy")
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "digits" / "train.py"
 INHERITED_SDK_VARIABLES = ("FFDL_EMETRICS_FILE", "FFDL_BATCH_SIZE", "FFDL_GPUS")

@@ -24,9 +24,6 @@ import yaml
 from ffdl.sdk.batch_file import write_batch
 from ffdl.sdk.context import DIRECTORY_VARIABLES
 from tests.integration.live import FAST_CONFIG, LiveServer, serving, wait_for
-from tests.optional import requires
-
-pytestmark = requires("torch", "sklearn")
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "elastic"
 EPOCHS = 30

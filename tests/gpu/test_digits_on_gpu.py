@@ -1,7 +1,7 @@
 """The digits example through the platform on a real GPU: it trains on the device it was
 pinned to, halts with a checkpoint, resumes from it on the device, and reaches its accuracy.
 
-Skipped without an NVIDIA GPU (CI has none) or without torch.
+Skipped without an NVIDIA GPU (CI has none).
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ import yaml
 from ffdl.backends.gpus import detect_gpus
 from tests.gpu.trouble import wait_on_gpu
 from tests.integration.live import HOST_CONFIG, LiveServer, serving
-from tests.optional import requires
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not detect_gpus(), reason="needs an NVIDIA GPU (nvidia-smi found none)"),
-    requires("torch", "sklearn"),
 ]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"

@@ -13,7 +13,7 @@ from tensorboard.summary import Writer
 
 from ffdl.learner.metrics import EMetric
 from ffdl.learner.tensorboard import MetricsDirError, TensorBoardReader, resolve_dir
-from tests.optional import summary_writer
+from tests.late_imports import summary_writer
 
 from .test_recording_api import wait_until
 

@@ -9,7 +9,7 @@ from typing import Any
 from ffdl.learner.metric_sources import MetricSources
 from ffdl.learner.metrics import EMetric
 from ffdl.learner.spec import LearnerSpec
-from tests.optional import summary_writer
+from tests.late_imports import summary_writer
 
 
 def spec_for(tmp_path: Path, learner: int = 1, **changes: Any) -> LearnerSpec:
